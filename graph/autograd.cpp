@@ -1,0 +1,226 @@
+// The autograd Node, grad mode, and the backward engine: dependency counting over the nodes
+// reachable from the root, then one run of each node with its summed incoming gradient.
+#include "graph/autograd.h"
+
+#include <atomic>
+#include <cmath>
+#include <unordered_map>
+
+#include "graph/creation.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+namespace ember {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<bool> g_anomaly{false};
+std::atomic<int64_t> g_live_nodes{0};
+}  // namespace
+
+bool is_grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+void set_detect_anomaly(bool on) { g_anomaly = on; }
+bool is_anomaly_enabled() { return g_anomaly; }
+int64_t live_nodes() { return g_live_nodes.load(); }
+
+Node::Node() { ++g_live_nodes; }
+
+// A long chain of Nodes would be freed by recursive destructors and overflow the stack, so
+// each destructor hands the next Nodes it was the last owner of to one loop on this thread.
+Node::~Node() {
+  thread_local std::vector<std::shared_ptr<Node>> pending;
+  thread_local bool draining = false;
+  for (Edge& e : next_edges)
+    if (e.fn && e.fn.use_count() == 1) pending.push_back(std::move(e.fn));
+  --g_live_nodes;
+  if (draining) return;
+  draining = true;
+  while (!pending.empty()) {
+    std::shared_ptr<Node> next = std::move(pending.back());
+    pending.pop_back();
+    next.reset();
+  }
+  draining = false;
+}
+
+void Node::save(SavedTensor& slot, const Tensor& t) {
+  if (t.defined()) {
+    slot.data_ = t.detach();  // data only, never the grad_fn: Note [Saved outputs]
+    slot.version_ = t.impl()->storage->version();
+  }
+  saved_.push_back(&slot);
+}
+
+void Node::check_saved() const {
+  EMBER_CHECK(!released_,
+              "backward: {} was already run and its saved tensors freed; trying to backward "
+              "through the graph a second time? Pass retain_graph=true to the first backward",
+              name());
+  for (const SavedTensor* s : saved_) {
+    if (!s->data_.defined()) continue;
+    const uint64_t now = s->data_.impl()->storage->version();
+    EMBER_CHECK(now == s->version_,
+                "backward: a tensor of shape {} saved by {} was modified by an in-place "
+                "operation (version {} now, {} when saved)",
+                s->data_.shape(), name(), now, s->version_);
+  }
+}
+
+void Node::release_saved() {
+  for (SavedTensor* s : saved_) s->data_ = Tensor();
+  released_ = true;
+}
+
+namespace {
+
+// The leaf's Node: adds the incoming gradient to the leaf's .grad.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string_view name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    Tensor g = grads[0];
+    if (!g.defined()) return {};
+    if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
+    if (!leaf_->grad) {
+      // Own the buffer: later accumulation writes into it in place.
+      const bool owned =
+          g.impl_ptr().use_count() <= 2 && g.impl()->storage.use_count() == 1 && g.is_contiguous();
+      leaf_->grad = (owned ? g : g.clone()).impl_ptr();
+    } else {
+      Tensor(leaf_->grad).add_(g);
+    }
+    return {};
+  }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+Edge edge_to(const Tensor& t) {
+  if (!t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.impl()->output_nr};
+  std::shared_ptr<Node> acc = t.impl()->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    acc->input_shapes = {t.shape()};
+    acc->input_dtypes = {t.dtype()};
+    t.impl()->grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+}  // namespace
+
+bool any_requires_grad(const std::vector<Tensor>& ts) {
+  if (!is_grad_enabled()) return false;
+  for (const Tensor& t : ts)
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+             std::initializer_list<Tensor*> outputs) {
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    node->next_edges.push_back(t.defined() ? edge_to(t) : Edge{});
+    node->input_shapes.push_back(t.defined() ? t.shape() : Shape{});
+    node->input_dtypes.push_back(t.defined() ? t.dtype() : kFloat32);
+  }
+  node->num_outputs = static_cast<uint32_t>(outputs.size());
+  uint32_t nr = 0;
+  for (Tensor* out : outputs) {
+    out->impl()->requires_grad = true;
+    out->impl()->grad_fn = node;
+    out->impl()->output_nr = nr++;
+  }
+}
+
+void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, Tensor& output) {
+  connect(node, inputs, {&output});
+}
+
+namespace {
+
+void check_finite(const Tensor& g, const Node& node, size_t input) {
+  const bool finite = dispatch_float(g.dtype(), "anomaly", [&]<class T>() {
+    for (T v : g.contiguous().to_vector<T>())
+      if (!std::isfinite(v)) return false;
+    return true;
+  });
+  EMBER_CHECK(finite, "backward: {} returned a NaN/Inf gradient for its input {} (shape {})",
+              node.name(), input, g.shape());
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  EMBER_CHECK(root.defined(), "backward: undefined tensor");
+  EMBER_CHECK(root.requires_grad(),
+              "backward: tensor of shape {} does not require grad and has no grad_fn",
+              root.shape());
+  Tensor seed = grad;
+  if (!seed.defined()) {
+    EMBER_CHECK(root.numel() == 1,
+                "backward: grad can be implied only for one-element outputs, got shape {}; "
+                "pass a gradient of that shape",
+                root.shape());
+    seed = ones_like(root);
+  }
+  EMBER_CHECK(seed.shape() == root.shape(),
+              "backward: gradient of shape {} for an output of shape {}", seed.shape(),
+              root.shape());
+
+  NoGradGuard no_grad;
+  const Edge root_edge = edge_to(root);
+  Node* const start = root_edge.fn.get();
+
+  // Count, for every reachable node, how many edges point at it (explicit stack, no recursion).
+  std::unordered_map<Node*, int64_t> dependencies{{start, 0}};
+  std::vector<Node*> stack{start};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& e : node->next_edges) {
+      if (!e.fn) continue;
+      auto [it, inserted] = dependencies.try_emplace(e.fn.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(e.fn.get());
+    }
+  }
+
+  // Run each node once all its consumers have contributed to its gradient buffer.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  buffers[start].resize(start->num_outputs);
+  buffers[start][root_edge.input_nr] = seed;
+  std::vector<Node*> ready{start};
+  while (!ready.empty()) {
+    Node* node = ready.back();
+    ready.pop_back();
+    node->check_saved();
+    std::vector<Tensor> grads_out = std::move(buffers[node]);
+    buffers.erase(node);
+    bool any_grad = false;
+    for (const Tensor& g : grads_out) any_grad = any_grad || g.defined();
+    std::vector<Tensor> grads_in = any_grad ? node->apply(grads_out) : std::vector<Tensor>{};
+    if (!retain_graph) node->release_saved();
+
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.fn) continue;
+      if (i < grads_in.size() && grads_in[i].defined()) {
+        Tensor g = grads_in[i];
+        if (g.shape() != node->input_shapes[i]) g = sum_to(g, node->input_shapes[i]);
+        if (is_anomaly_enabled()) check_finite(g, *node, i);
+        std::vector<Tensor>& buffer = buffers[e.fn.get()];
+        buffer.resize(e.fn->num_outputs);
+        Tensor& slot = buffer[e.input_nr];
+        slot = slot.defined() ? add(slot, g) : g;
+      }
+      if (--dependencies[e.fn.get()] == 0) ready.push_back(e.fn.get());
+    }
+  }
+}
+
+}  // namespace ember

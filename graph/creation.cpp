@@ -1,0 +1,87 @@
+// Tensor creation from host data, constants, ranges and the identity.
+#include "graph/creation.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ember {
+
+namespace {
+
+template <class S>
+Tensor from_host(const std::vector<S>& data, Shape shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  EMBER_CHECK(static_cast<int64_t>(data.size()) == n,
+              "from_vector: {} values cannot fill shape {} ({} elements)", data.size(), shape, n);
+  Tensor out = empty(shape, dtype);
+  dispatch_all(dtype, [&]<class T>() {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, bool>)
+        p[i] = data[i] != S(0);
+      else
+        p[i] = static_cast<T>(data[i]);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor from_vector(const std::vector<double>& data, Shape shape, DType dtype) {
+  return from_host(data, std::move(shape), dtype);
+}
+Tensor from_vector(const std::vector<float>& data, Shape shape) {
+  return from_host(data, std::move(shape), kFloat32);
+}
+Tensor from_vector(const std::vector<int64_t>& data, Shape shape) {
+  return from_host(data, std::move(shape), kInt64);
+}
+
+Tensor tensor(std::initializer_list<double> data, DType dtype) {
+  return from_vector(std::vector<double>(data), {static_cast<int64_t>(data.size())}, dtype);
+}
+
+Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor full(Shape shape, double value, DType dtype) {
+  Tensor out = empty(shape, dtype);
+  dispatch_all(dtype, [&]<class T>() {
+    T* p = out.data<T>();
+    std::fill(p, p + out.numel(), static_cast<T>(value));
+  });
+  return out;
+}
+
+Tensor zeros(Shape shape, DType dtype) { return full(std::move(shape), 0.0, dtype); }
+Tensor ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, t.dtype()); }
+
+Tensor arange(double start, double end, double step, DType dtype) {
+  EMBER_CHECK(step != 0, "arange: step must be nonzero");
+  EMBER_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+              "arange: start {}, end {} and step {} must be finite", start, end, step);
+  EMBER_CHECK((end - start) / step >= 0,
+              "arange: end {} is not reachable from start {} with step {}", end, start, step);
+  const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor out = empty({n}, dtype);
+  dispatch_numeric(dtype, "arange", [&]<class T>() {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+  });
+  return out;
+}
+
+Tensor eye(int64_t n, DType dtype) {
+  EMBER_CHECK(n >= 0, "eye: n must be non-negative, got {}", n);
+  Tensor out = zeros({n, n}, dtype);
+  dispatch_all(dtype, [&]<class T>() {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < n; ++i) p[i * n + i] = static_cast<T>(1);
+  });
+  return out;
+}
+
+}  // namespace ember

@@ -1,0 +1,111 @@
+// Finite-difference gradient checking (see graph/gradcheck.h for the method).
+#include "graph/gradcheck.h"
+
+#include <cmath>
+#include <random>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+
+namespace ember {
+
+namespace {
+
+// Storage offsets (in elements) of every element of t, in row-major order.
+std::vector<int64_t> element_offsets(const Tensor& t) {
+  std::vector<int64_t> offsets(t.numel());
+  Shape index(t.dim(), 0);
+  for (int64_t k = 0; k < t.numel(); ++k) {
+    int64_t off = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) off += index[d] * t.stride(d);
+    offsets[k] = off;
+    for (int64_t d = t.dim() - 1; d >= 0 && ++index[d] == t.size(d); --d) index[d] = 0;
+  }
+  return offsets;
+}
+
+double dot(const Tensor& y, const std::vector<double>& v) {
+  const std::vector<double> values = y.to_vector<double>();
+  double s = 0;
+  for (size_t i = 0; i < values.size(); ++i) s += values[i] * v[i];
+  return s;
+}
+
+void check_inputs(const std::vector<Tensor>& inputs) {
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    if (!x.defined() || !x.requires_grad()) continue;
+    any = true;
+    EMBER_CHECK(x.dtype() == kFloat64, "gradcheck: input {} is {}, expected Float64", i, x.dtype());
+    for (int64_t d = 0; d < x.dim(); ++d)
+      EMBER_CHECK(x.stride(d) != 0 || x.size(d) <= 1,
+                  "gradcheck: input {} of shape {} has overlapping (expanded) memory", i,
+                  x.shape());
+  }
+  EMBER_CHECK(any, "gradcheck: no input requires grad");
+}
+
+}  // namespace
+
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+  check_inputs(inputs);
+  std::mt19937_64 gen(20261129);
+  std::normal_distribution<double> normal;
+  GradcheckResult result{true, 0.0, "ok"};
+  double worst_excess = -1;
+
+  for (int projection = 0; projection < 2; ++projection) {
+    // Analytic: Jᵀ v by backward.
+    std::vector<Tensor> saved_grads;
+    for (const Tensor& x : inputs) {
+      saved_grads.push_back(x.defined() ? x.grad() : Tensor());
+      if (x.defined()) x.set_grad({});
+    }
+    const Tensor y = f(inputs);
+    EMBER_CHECK(y.defined() && is_floating(y.dtype()),
+                "gradcheck: f must return a floating tensor");
+    std::vector<double> v(y.numel());
+    for (double& e : v) e = normal(gen);
+    if (y.requires_grad()) y.backward(from_vector(v, y.shape(), y.dtype()));
+
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Tensor& x = inputs[i];
+      if (!x.defined() || !x.requires_grad()) continue;
+      const Tensor g = x.grad();
+      const std::vector<double> analytic =
+          g.defined() ? g.to_vector<double>() : std::vector<double>(x.numel(), 0.0);
+      x.set_grad(saved_grads[i]);
+
+      // Numeric: central differences of f · v, one element at a time.
+      double* base = static_cast<double*>(x.impl()->storage->data());
+      const std::vector<int64_t> offsets = element_offsets(x);
+      NoGradGuard no_grad;
+      for (int64_t j = 0; j < x.numel(); ++j) {
+        double& e = base[offsets[j]];
+        const double orig = e;
+        e = orig + options.eps;
+        const double plus = dot(f(inputs), v);
+        e = orig - options.eps;
+        const double minus = dot(f(inputs), v);
+        e = orig;
+        const double numeric = (plus - minus) / (2 * options.eps);
+        const double err = std::abs(analytic[j] - numeric);
+        const double excess = err - (options.atol + options.rtol * std::abs(numeric));
+        result.max_abs_error = std::max(result.max_abs_error, err);
+        if (excess > worst_excess) {
+          worst_excess = excess;
+          result.message = fmt::format(
+              "input {} (shape {}) element {}: analytic {:.10g}, numeric {:.10g}, error {:.3g}", i,
+              x.shape(), j, analytic[j], numeric, err);
+        }
+        if (excess > 0) result.ok = false;
+      }
+    }
+  }
+  if (result.ok) result.message = fmt::format("ok (max abs error {:.3g})", result.max_abs_error);
+  return result;
+}
+
+}  // namespace ember

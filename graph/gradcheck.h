@@ -1,0 +1,30 @@
+// gradcheck: compares autograd's vector-Jacobian products with central finite differences.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/tensor.h"
+
+namespace ember {
+
+struct GradcheckOptions {
+  double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
+};
+
+struct GradcheckResult {
+  bool ok;
+  double max_abs_error;  // over every checked element
+  std::string message;   // names the worst element
+};
+
+// Checks f's gradient with respect to every input that requires grad. Inputs must be Float64;
+// they may be non-contiguous but must not overlap in memory (no expanded dims). For two random
+// projections v of f's output, each element j of each input gets
+//   analytic = (Jᵀ v)_j  from backward,   numeric = (f(x + eps e_j) - f(x - eps e_j)) · v / 2eps,
+// and passes when |analytic - numeric| <= atol + rtol |numeric|.
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
+
+}  // namespace ember

@@ -1,0 +1,70 @@
+// The global mt19937_64 generator and rand/randn/normal/randint. Normals use Box-Muller on two
+// 53-bit uniforms; both outputs of each pair are used.
+#include "graph/random.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace ember {
+
+std::mt19937_64& global_generator() {
+  static std::mt19937_64 gen(0);
+  return gen;
+}
+
+void manual_seed(uint64_t seed) { global_generator().seed(seed); }
+
+double next_uniform(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
+
+Tensor rand(Shape shape, DType dtype) {
+  Tensor out = empty(shape, dtype);
+  auto& gen = global_generator();
+  dispatch_float(dtype, "rand", [&]<class T>() {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      T v = static_cast<T>(next_uniform(gen));
+      p[i] = v < T(1) ? v : std::nextafter(T(1), T(0));  // rounding to float must stay below 1
+    }
+  });
+  return out;
+}
+
+Tensor normal(double mean, double std, Shape shape, DType dtype) {
+  EMBER_CHECK(std >= 0, "normal: std must be non-negative, got {}", std);
+  Tensor out = empty(shape, dtype);
+  auto& gen = global_generator();
+  dispatch_float(dtype, "normal", [&]<class T>() {
+    T* p = out.data<T>();
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; i += 2) {
+      const double u1 = 1.0 - next_uniform(gen);  // (0, 1]: log stays finite
+      const double u2 = next_uniform(gen);
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      p[i] = static_cast<T>(mean + std * r * std::cos(2 * std::numbers::pi * u2));
+      if (i + 1 < n)
+        p[i + 1] = static_cast<T>(mean + std * r * std::sin(2 * std::numbers::pi * u2));
+    }
+  });
+  return out;
+}
+
+Tensor randn(Shape shape, DType dtype) { return normal(0.0, 1.0, std::move(shape), dtype); }
+
+Tensor randint(int64_t low, int64_t high, Shape shape) {
+  EMBER_CHECK(low < high, "randint: low {} must be less than high {}", low, high);
+  Tensor out = empty(shape, kInt64);
+  auto& gen = global_generator();
+  const auto range = static_cast<uint64_t>(high - low);
+  int64_t* p = out.data<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    // Rejection sampling keeps every value equally likely.
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % range;
+    uint64_t r;
+    do r = gen();
+    while (r >= limit);
+    p[i] = low + static_cast<int64_t>(r % range);
+  }
+  return out;
+}
+
+}  // namespace ember

@@ -1,0 +1,112 @@
+// Strided iteration shared by the kernels: N operands walked over one shape, each with its own
+// element strides (0 along broadcast dims), with adjacent dims coalesced so that a contiguous
+// operand is one long row. Broadcasting happens here, by strides, never by copying.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include <omp.h>
+
+#include "graph/tensor.h"
+
+namespace ember {
+
+// Elementwise loops below this many elements run on one thread (per-op overhead dominates).
+inline constexpr int64_t kParallelGrain = 32768;
+
+// Strides of `t` viewed with shape `shape` (a broadcast of t's shape): 0 along broadcast dims.
+Shape broadcast_strides(const Tensor& t, const Shape& shape);
+// The broadcast of two shapes, as torch; throws naming `op` when they do not broadcast.
+Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op);
+
+template <size_t N>
+class StridedLoop {
+ public:
+  using Offsets = std::array<int64_t, N>;
+
+  StridedLoop(const Shape& shape, const std::array<Shape, N>& strides) {
+    // Drop size-1 dims and merge dim i into i+1 when every operand steps through them as one.
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 1) continue;
+      bool merge = !shape_.empty();
+      for (size_t k = 0; k < N && merge; ++k)
+        merge = strides_[k].back() == strides[k][d] * shape[d];
+      if (merge) {
+        shape_.back() *= shape[d];
+        for (size_t k = 0; k < N; ++k) strides_[k].back() = strides[k][d];
+      } else {
+        shape_.push_back(shape[d]);
+        for (size_t k = 0; k < N; ++k) strides_[k].push_back(strides[k][d]);
+      }
+    }
+    if (shape_.empty()) {
+      shape_.push_back(1);
+      for (size_t k = 0; k < N; ++k) strides_[k].push_back(0);
+    }
+  }
+
+  int64_t row_length() const { return shape_.back(); }
+  int64_t num_rows() const {
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < shape_.size(); ++d) rows *= shape_[d];
+    return rows;
+  }
+  Offsets inner_strides() const {
+    Offsets s;
+    for (size_t k = 0; k < N; ++k) s[k] = strides_[k].back();
+    return s;
+  }
+
+  // Calls row(offsets, n, inner_strides) for every innermost row; rows run in parallel when
+  // the whole loop has at least kParallelGrain elements.
+  template <class F>
+  void run(F&& row) const {
+    const int64_t rows = num_rows(), n = row_length();
+    const Offsets inner = inner_strides();
+    if (rows * n < kParallelGrain || rows == 1) {
+      run_rows(0, rows, n, inner, row);
+      return;
+    }
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t begin = rows * t / threads, end = rows * (t + 1) / threads;
+      run_rows(begin, end, n, inner, row);
+    }
+  }
+
+  // As run, on the calling thread only (for loops whose rows write to shared slots).
+  template <class F>
+  void run_serial(F&& row) const {
+    run_rows(0, num_rows(), row_length(), inner_strides(), row);
+  }
+
+ private:
+  template <class F>
+  void run_rows(int64_t begin, int64_t end, int64_t n, const Offsets& inner, F& row) const {
+    if (begin >= end) return;
+    const size_t outer = shape_.size() - 1;
+    std::array<int64_t, 16> index{};  // tensors have at most 16 dims after coalescing
+    Offsets off{};
+    for (int64_t r = begin, d = static_cast<int64_t>(outer) - 1; d >= 0; --d) {
+      index[d] = r % shape_[d];
+      r /= shape_[d];
+      for (size_t k = 0; k < N; ++k) off[k] += index[d] * strides_[k][d];
+    }
+    for (int64_t r = begin; r < end; ++r) {
+      row(off, n, inner);
+      for (int64_t d = static_cast<int64_t>(outer) - 1; d >= 0; --d) {
+        for (size_t k = 0; k < N; ++k) off[k] += strides_[k][d];
+        if (++index[d] < shape_[d]) break;
+        for (size_t k = 0; k < N; ++k) off[k] -= strides_[k][d] * shape_[d];
+        index[d] = 0;
+      }
+    }
+  }
+
+  Shape shape_;
+  std::array<Shape, N> strides_;
+};
+
+}  // namespace ember

@@ -1,0 +1,259 @@
+// Storage, TensorImpl and the Tensor methods that are not ops: metadata, element access,
+// conversion, copies, the autograd entry points, and printing.
+#include "graph/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "graph/autograd.h"
+#include "graph/copy.h"
+#include "graph/strided.h"
+
+namespace ember {
+
+namespace {
+std::atomic<int64_t> g_live_impls{0};
+constexpr size_t kAlignment = 64;
+constexpr size_t kMaxDims = 16;
+}  // namespace
+
+Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+  const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  data_ = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (data_ == nullptr) throw Error(fmt::format("Storage: cannot allocate {} bytes", nbytes));
+}
+
+Storage::~Storage() { std::free(data_); }
+
+TensorImpl::TensorImpl(std::shared_ptr<Storage> storage_, int64_t offset_, Shape shape_,
+                       Shape strides_, DType dtype_)
+    : storage(std::move(storage_)),
+      offset(offset_),
+      shape(std::move(shape_)),
+      strides(std::move(strides_)),
+      numel(shape_numel(shape)),
+      dtype(dtype_) {
+  EMBER_CHECK(shape.size() <= kMaxDims, "tensor: at most {} dims are supported, got shape {}",
+              kMaxDims, shape);
+  ++g_live_impls;
+}
+
+TensorImpl::~TensorImpl() { --g_live_impls; }
+
+int64_t live_tensor_impls() { return g_live_impls.load(); }
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    EMBER_CHECK(s >= 0, "tensor: negative size in shape {}", shape);
+    n *= s;
+  }
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = s;
+    s *= std::max<int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, std::string_view op) {
+  const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-d tensor accepts dims 0 and -1
+  EMBER_CHECK(dim >= -n && dim < n, "{}: dim {} out of range for a tensor of {} dims", op, dim,
+              ndim);
+  return dim < 0 ? dim + n : dim;
+}
+
+Tensor empty(const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(dtype));
+  return Tensor(
+      std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguous_strides(shape), dtype));
+}
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(base.impl()->storage, offset, std::move(shape),
+                                             std::move(strides), base.dtype()));
+}
+
+// --- metadata
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (shape()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= shape()[d];
+  }
+  return true;
+}
+
+template <class T>
+T* Tensor::data() const {
+  EMBER_CHECK(defined(), "data: undefined tensor");
+  EMBER_CHECK(dtype() == dtype_of<T>(), "data: tensor is {}, asked for {}", dtype(), dtype_of<T>());
+  return static_cast<T*>(impl_->storage->data()) + impl_->offset;
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+template int64_t* Tensor::data<int64_t>() const;
+template bool* Tensor::data<bool>() const;
+
+// --- values
+
+template <class T>
+T Tensor::item() const {
+  EMBER_CHECK(defined(), "item: undefined tensor");
+  EMBER_CHECK(numel() == 1,
+              "item: only one-element tensors can be converted to a scalar, got "
+              "shape {}",
+              shape());
+  return dispatch_all(dtype(), [&]<class S>() { return static_cast<T>(*data<S>()); });
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template bool Tensor::item<bool>() const;
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  EMBER_CHECK(defined(), "to_vector: undefined tensor");
+  Tensor c = to(dtype_of<T>()).contiguous();
+  const T* p = c.data<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<bool> Tensor::to_vector<bool>() const;
+
+namespace {
+
+// d(to(x))/dx: the gradient converted back to the input's dtype.
+struct ToBackward final : Node {
+  std::string_view name() const override { return "ToBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {grads[0].to(input_dtypes[0])};
+  }
+};
+
+// clone/contiguous: the identity on values.
+struct CloneBackward final : Node {
+  std::string_view name() const override { return "CloneBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
+};
+
+}  // namespace
+
+Tensor Tensor::to(DType target) const {
+  EMBER_CHECK(defined(), "to: undefined tensor");
+  if (target == dtype()) return *this;
+  Tensor out = empty(shape(), target);
+  copy_into(out, *this);
+  if (any_requires_grad(*this) && is_floating(target))
+    connect(std::make_shared<ToBackward>(), {*this}, out);
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  EMBER_CHECK(defined(), "clone: undefined tensor");
+  Tensor out = empty(shape(), dtype());
+  copy_into(out, *this);
+  if (any_requires_grad(*this)) connect(std::make_shared<CloneBackward>(), {*this}, out);
+  return out;
+}
+
+Tensor Tensor::contiguous() const {
+  EMBER_CHECK(defined(), "contiguous: undefined tensor");
+  return is_contiguous() ? *this : clone();
+}
+
+// --- autograd entry points
+
+Tensor& Tensor::requires_grad_(bool on) {
+  EMBER_CHECK(defined(), "requires_grad_: undefined tensor");
+  EMBER_CHECK(!on || is_floating(dtype()),
+              "requires_grad_: only Float32/Float64 tensors can require gradients, got {} of "
+              "shape {}",
+              dtype(), shape());
+  EMBER_CHECK(on || is_leaf(),
+              "requires_grad_: cannot turn off requires_grad of a non-leaf tensor; use detach()");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return defined() && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+
+void Tensor::set_grad(const Tensor& g) const {
+  EMBER_CHECK(defined(), "set_grad: undefined tensor");
+  EMBER_CHECK(!g.defined() || g.shape() == shape(),
+              "set_grad: gradient of shape {} for a tensor of shape {}",
+              g.defined() ? g.shape() : Shape{}, shape());
+  impl_->grad = g.impl_ptr();
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  run_backward(*this, grad, retain_graph);
+}
+
+Tensor Tensor::detach() const {
+  EMBER_CHECK(defined(), "detach: undefined tensor");
+  return make_view(*this, shape(), strides(), storage_offset());
+}
+
+// --- printing
+
+namespace {
+
+template <class T>
+void print_value(std::ostream& os, T v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    os << (v ? "true" : "false");
+  } else if constexpr (std::is_integral_v<T>) {
+    os << v;
+  } else {
+    os << fmt::format("{:.4f}", v);
+  }
+}
+
+template <class T>
+void print_dim(std::ostream& os, const T* p, const Tensor& t, int64_t d, int64_t indent) {
+  if (d == t.dim()) {
+    print_value(os, *p);
+    return;
+  }
+  os << '[';
+  const int64_t n = t.size(d), edge = 3;
+  for (int64_t i = 0; i < n; ++i) {
+    if (n > 2 * edge + 1 && i == edge) {
+      os << (d + 1 == t.dim() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+      i = n - edge - 1;
+      continue;
+    }
+    print_dim(os, p + i * t.stride(d), t, d + 1, indent + 1);
+    if (i + 1 < n) os << (d + 1 == t.dim() ? ", " : ",\n" + std::string(indent + 1, ' '));
+  }
+  os << ']';
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "tensor(undefined)";
+  os << "tensor(";
+  dispatch_all(t.dtype(), [&]<class T>() { print_dim(os, t.data<T>(), t, 0, 7); });
+  os << fmt::format(", shape={}, dtype={}", t.shape(), t.dtype());
+  if (t.requires_grad()) os << ", requires_grad=true";
+  return os << ')';
+}
+
+}  // namespace ember

@@ -1,0 +1,322 @@
+// Reductions. One strided kernel walks the input once and adds each element into its output
+// slot (output strides are 0 along reduced dims); trailing-dim reductions of contiguous input
+// take a flat, parallel fast path.
+#include "ops/reduce.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/strided.h"
+#include "ops/elementwise.h"
+
+namespace ember {
+
+namespace {
+
+// Sorted, wrapped, unique dims to reduce; an empty list means every dim.
+std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims,
+                               std::string_view op) {
+  std::vector<bool> reduce(x.dim(), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, x.dim(), op);
+    if (x.dim() == 0) continue;
+    EMBER_CHECK(!reduce[w], "{}: dim {} appears more than once in {}", op, w, dims);
+    reduce[w] = true;
+  }
+  return reduce;
+}
+
+Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduce, bool keepdim) {
+  Shape out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (!reduce[d])
+      out.push_back(shape[d]);
+    else if (keepdim)
+      out.push_back(1);
+  }
+  return out;
+}
+
+// Strides that map each input element to its output slot (out contiguous, keepdim layout).
+Shape scatter_strides(const Shape& in_shape, const std::vector<bool>& reduce) {
+  Shape keep = reduced_shape(in_shape, reduce, true);
+  Shape strides = contiguous_strides(keep);
+  for (size_t d = 0; d < in_shape.size(); ++d)
+    if (reduce[d]) strides[d] = 0;
+  return strides;
+}
+
+// out (keepdim layout, contiguous) = sum of x over the reduced dims, accumulated in Acc.
+template <class T, class Acc>
+void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int64_t out_numel) {
+  const T* px = x.data<T>();
+  std::fill(out, out + out_numel, Acc(0));
+  // Fast path: contiguous input reduced over its trailing dims.
+  size_t lead = 0;
+  while (lead < reduce.size() && !reduce[lead]) ++lead;
+  bool trailing = x.is_contiguous();
+  for (size_t d = lead; d < reduce.size(); ++d) trailing = trailing && reduce[d];
+  if (trailing) {
+    const int64_t m = out_numel == 0 ? 0 : x.numel() / out_numel;
+#pragma omp parallel for if (x.numel() >= kParallelGrain && out_numel > 1)
+    for (int64_t i = 0; i < out_numel; ++i) {
+      Acc acc = 0;
+      for (int64_t j = 0; j < m; ++j) acc += static_cast<Acc>(px[i * m + j]);
+      out[i] = acc;
+    }
+    return;
+  }
+  StridedLoop<2> loop(x.shape(), {scatter_strides(x.shape(), reduce), x.strides()});
+  // Serial: several rows may add into the same output slots.
+  loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+    Acc* o = out + off[0];
+    const T* v = px + off[1];
+    if (st[0] == 0) {
+      Acc acc = 0;
+      for (int64_t i = 0; i < len; ++i) acc += static_cast<Acc>(v[i * st[1]]);
+      *o += acc;
+    } else {
+      for (int64_t i = 0; i < len; ++i) o[i * st[0]] += static_cast<Acc>(v[i * st[1]]);
+    }
+  });
+}
+
+template <class T>
+using Accumulator = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+
+// Sum over the reduced dims into a new tensor (keepdim layout) of dtype `out_dtype`.
+Tensor sum_impl(const Tensor& x, const std::vector<bool>& reduce, bool keepdim) {
+  const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
+  Tensor out = empty(reduced_shape(x.shape(), reduce, keepdim), out_dtype);
+  dispatch_all(x.dtype(), [&]<class T>() {
+    using Acc = Accumulator<T>;
+    const int64_t n = out.numel();
+    std::vector<Acc> acc(n);
+    sum_kernel<T, Acc>(x, reduce, acc.data(), n);
+    dispatch_all(out_dtype, [&]<class O>() {
+      O* po = out.data<O>();
+      for (int64_t i = 0; i < n; ++i) po[i] = static_cast<O>(acc[i]);
+    });
+  });
+  return out;
+}
+
+// A view of `g` (the reduced gradient) broadcast back to the input's shape: stride 0 along the
+// reduced dims. No copy.
+Tensor expand_reduced(const Tensor& g, const Shape& in_shape, const std::vector<bool>& reduce,
+                      bool keepdim) {
+  Shape strides(in_shape.size(), 0);
+  size_t k = 0;
+  for (size_t d = 0; d < in_shape.size(); ++d) {
+    if (!reduce[d])
+      strides[d] = g.strides()[k++];
+    else if (keepdim)
+      ++k;
+  }
+  return make_view(g, in_shape, strides, g.storage_offset());
+}
+
+}  // namespace
+
+// y = sum(x over dims):  dX = dY broadcast back over the reduced dims
+struct SumBackward final : Node {
+  SumBackward(std::vector<bool> reduce, bool keepdim)
+      : reduce_(std::move(reduce)), keepdim_(keepdim) {}
+  std::string_view name() const override { return "SumBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {expand_reduced(grads[0], input_shapes[0], reduce_, keepdim_)};
+  }
+  std::vector<bool> reduce_;
+  bool keepdim_;
+};
+
+Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  EMBER_CHECK(x.defined(), "sum: undefined tensor");
+  const std::vector<bool> reduce = reduced_dims(x, dims, "sum");
+  Tensor out = sum_impl(x, reduce, keepdim);
+  if (any_requires_grad(x)) connect(std::make_shared<SumBackward>(reduce, keepdim), {x}, out);
+  return out;
+}
+
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+
+Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  EMBER_CHECK(x.defined(), "mean: undefined tensor");
+  EMBER_CHECK(is_floating(x.dtype()), "mean: expected a Float32 or Float64 tensor, got {}",
+              x.dtype());
+  const std::vector<bool> reduce = reduced_dims(x, dims, "mean");
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduce[d]) count *= x.size(d);
+  return div(sum(x, dims, keepdim), static_cast<double>(count));
+}
+
+Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+
+// var = sum((x - mean)²) / (N - unbiased), composed from differentiable ops.
+Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepdim) {
+  EMBER_CHECK(x.defined(), "var: undefined tensor");
+  EMBER_CHECK(is_floating(x.dtype()), "var: expected a Float32 or Float64 tensor, got {}",
+              x.dtype());
+  const std::vector<bool> reduce = reduced_dims(x, dims, "var");
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduce[d]) count *= x.size(d);
+  const Tensor centered = sub(x, mean(x, dims, true));
+  const double divisor = static_cast<double>(count) - (unbiased ? 1.0 : 0.0);
+  return div(sum(mul(centered, centered), dims, keepdim), divisor);
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  EMBER_CHECK(broadcast_shapes(x.shape(), shape, "sum_to") == x.shape(),
+              "sum_to: shape {} is not a broadcast of {}", x.shape(), shape);
+  const size_t lead = x.shape().size() - shape.size();
+  std::vector<bool> reduce(x.dim(), false);
+  for (size_t d = 0; d < x.shape().size(); ++d)
+    reduce[d] = d < lead || (shape[d - lead] == 1 && x.shape()[d] != 1);
+  Tensor out = sum_impl(x, reduce, true);
+  out = make_view(out, shape, contiguous_strides(shape), 0);
+  if (any_requires_grad(x)) connect(std::make_shared<SumBackward>(reduce, true), {x}, out);
+  return out;
+}
+
+// --- max and argmax
+
+namespace {
+
+// Treats NaN as larger than every number, so NaN propagates as in torch.
+template <class T>
+bool greater(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a)) return !std::isnan(b);
+  }
+  return a > b;
+}
+
+// values/indices (keepdim layout) of the largest element along `dim`.
+template <class T>
+void max_kernel(const Tensor& x, int64_t dim, T* values, int64_t* indices) {
+  const int64_t n = x.size(dim), stride = x.stride(dim);
+  Shape outer_shape = x.shape(), outer_strides = x.strides();
+  outer_shape[dim] = 1;
+  const Shape out_strides = contiguous_strides(outer_shape);
+  const T* px = x.data<T>();
+  StridedLoop<2> loop(outer_shape, {out_strides, outer_strides});
+  loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+    for (int64_t i = 0; i < len; ++i) {
+      const T* row = px + off[1] + i * st[1];
+      int64_t best = 0;
+      for (int64_t j = 1; j < n; ++j)
+        if (greater(row[j * stride], row[best * stride])) best = j;
+      values[off[0] + i * st[0]] = row[best * stride];
+      indices[off[0] + i * st[0]] = best;
+    }
+  });
+}
+
+}  // namespace
+
+// values = max(x, dim):  dX[argmax] = dValues, 0 elsewhere
+struct MaxBackward final : Node {
+  MaxBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
+  std::string_view name() const override { return "MaxBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Shape& in = input_shapes[0];
+    const Tensor g = grads[0].contiguous();
+    const Tensor idx = indices_.get().contiguous();
+    Tensor grad_x = zeros(in, g.dtype());
+    dispatch_float(g.dtype(), "max", [&]<class T>() {
+      const T* pg = g.data<T>();
+      const int64_t* pi = idx.data<int64_t>();
+      T* px = grad_x.data<T>();
+      int64_t inner = 1;
+      for (size_t d = dim_ + 1; d < in.size(); ++d) inner *= in[d];
+      const int64_t n = in[dim_];
+      for (int64_t k = 0; k < g.numel(); ++k) {
+        const int64_t outer = k / inner, i = k % inner;
+        px[(outer * n + pi[k]) * inner + i] = pg[k];
+      }
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor indices_;
+};
+
+MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
+  EMBER_CHECK(x.defined(), "max: undefined tensor");
+  const int64_t d = wrap_dim(dim, x.dim(), "max");
+  EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "max: cannot reduce dim {} of size 0 (shape {})", d,
+              x.shape());
+  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
+  Shape keep = x.shape();
+  keep[d] = 1;
+  Tensor values = empty(keep, x.dtype()), indices = empty(keep, kInt64);
+  dispatch_numeric(x.dtype(), "max", [&]<class T>() {
+    max_kernel<T>(x, d, values.data<T>(), indices.data<int64_t>());
+  });
+  if (!keepdim) {
+    Shape squeezed = x.shape();
+    squeezed.erase(squeezed.begin() + d);
+    values = make_view(values, squeezed, contiguous_strides(squeezed), 0);
+    indices = make_view(indices, squeezed, contiguous_strides(squeezed), 0);
+  }
+  if (any_requires_grad(x)) connect(std::make_shared<MaxBackward>(d, indices), {x}, values);
+  return {values, indices};
+}
+
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  EMBER_CHECK(x.defined(), "argmax: undefined tensor");
+  NoGradGuard no_grad;
+  return max(x, dim, keepdim).indices;
+}
+
+// y = max(x):  dX = dY / k at each of the k elements equal to y, 0 elsewhere
+struct MaxAllBackward final : Node {
+  MaxAllBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
+  std::string_view name() const override { return "MaxBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor mask = eq(x_.get(), y_.get());
+    const double ties = sum(mask).item<double>();
+    return {mul(mask.to(grads[0].dtype()), div(grads[0], ties))};
+  }
+  SavedTensor x_, y_;
+};
+
+Tensor max(const Tensor& x) {
+  EMBER_CHECK(x.defined(), "max: undefined tensor");
+  EMBER_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape {}", x.shape());
+  Tensor out = empty({}, x.dtype());
+  dispatch_numeric(x.dtype(), "max", [&]<class T>() {
+    const Tensor c = x.contiguous();
+    const T* p = c.data<T>();
+    T best = p[0];
+    for (int64_t i = 1; i < c.numel(); ++i)
+      if (greater(p[i], best)) best = p[i];
+    *out.data<T>() = best;
+  });
+  if (any_requires_grad(x)) connect(std::make_shared<MaxAllBackward>(x, out), {x}, out);
+  return out;
+}
+
+Tensor Tensor::sum() const { return ember::sum(*this); }
+Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const {
+  return ember::sum(*this, std::move(dims), keepdim);
+}
+Tensor Tensor::mean() const { return ember::mean(*this); }
+Tensor Tensor::mean(std::vector<int64_t> dims, bool keepdim) const {
+  return ember::mean(*this, std::move(dims), keepdim);
+}
+Tensor Tensor::var(std::vector<int64_t> dims, bool unbiased, bool keepdim) const {
+  return ember::var(*this, std::move(dims), unbiased, keepdim);
+}
+MaxResult Tensor::max(int64_t dim, bool keepdim) const { return ember::max(*this, dim, keepdim); }
+Tensor Tensor::max() const { return ember::max(*this); }
+Tensor Tensor::argmax(int64_t dim, bool keepdim) const {
+  return ember::argmax(*this, dim, keepdim);
+}
+
+}  // namespace ember

@@ -1,0 +1,251 @@
+// View ops. Each makes a new TensorImpl over the same Storage; their backwards map the
+// gradient back through the inverse view (or sum_to, for expand, in the engine).
+#include "ops/shape.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "graph/autograd.h"
+#include "graph/copy.h"
+#include "graph/creation.h"
+
+namespace ember {
+
+namespace {
+
+void check_defined(const Tensor& t, std::string_view op) {
+  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
+}
+
+// Resolves one -1 in `shape` against numel.
+Shape infer_shape(Shape shape, int64_t numel, std::string_view op) {
+  int64_t known = 1, infer = -1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == -1) {
+      EMBER_CHECK(infer < 0, "{}: only one dim can be -1, got {}", op, shape);
+      infer = static_cast<int64_t>(d);
+    } else {
+      EMBER_CHECK(shape[d] >= 0, "{}: invalid size {} in shape {}", op, shape[d], shape);
+      known *= shape[d];
+    }
+  }
+  if (infer >= 0) {
+    EMBER_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for input of size {}",
+                op, shape, numel);
+    shape[infer] = numel / known;
+  }
+  EMBER_CHECK(shape_numel(shape) == numel, "{}: shape {} is invalid for input of size {}", op,
+              shape, numel);
+  return shape;
+}
+
+// Strides that let `x` be viewed as `shape` without copying, if any (torch's rule: each run of
+// old dims that are contiguous with each other maps onto a run of new dims).
+std::optional<Shape> view_strides(const Tensor& x, const Shape& shape) {
+  if (x.is_contiguous()) return contiguous_strides(shape);
+  const Shape& old_shape = x.shape();
+  const Shape& old_strides = x.strides();
+  Shape strides(shape.size());
+  int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
+  int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[d];
+    if (d == 0 ||
+        (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base_stride = old_strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+
+// Any view whose inverse is a reshape back to the input's shape (view, reshape, flatten,
+// squeeze, unsqueeze):  dX = reshape(dY, x.shape)
+struct ReshapeBackward final : Node {
+  explicit ReshapeBackward(std::string_view name) : name_(name) {}
+  std::string_view name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {reshape(grads[0], input_shapes[0])};
+  }
+  std::string_view name_;
+};
+
+Tensor record_reshape(Tensor out, const Tensor& x, std::string_view name) {
+  if (any_requires_grad(x)) connect(std::make_shared<ReshapeBackward>(name), {x}, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor view(const Tensor& x, Shape shape) {
+  check_defined(x, "view");
+  shape = infer_shape(std::move(shape), x.numel(), "view");
+  std::optional<Shape> strides = view_strides(x, shape);
+  EMBER_CHECK(strides.has_value(),
+              "view: a tensor of shape {} and strides {} cannot be viewed as {}; use reshape",
+              x.shape(), x.strides(), shape);
+  return record_reshape(make_view(x, shape, *strides, x.storage_offset()), x, "ViewBackward");
+}
+
+Tensor reshape(const Tensor& x, Shape shape) {
+  check_defined(x, "reshape");
+  shape = infer_shape(std::move(shape), x.numel(), "reshape");
+  if (std::optional<Shape> strides = view_strides(x, shape))
+    return record_reshape(make_view(x, shape, *strides, x.storage_offset()), x, "ReshapeBackward");
+  return view(x.clone(), shape);
+}
+
+Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
+  check_defined(x, "flatten");
+  if (x.dim() == 0) return reshape(x, {1});
+  const int64_t s = wrap_dim(start, x.dim(), "flatten"), e = wrap_dim(end, x.dim(), "flatten");
+  EMBER_CHECK(s <= e, "flatten: start dim {} must not come after end dim {}", start, end);
+  Shape shape(x.shape().begin(), x.shape().begin() + s);
+  int64_t n = 1;
+  for (int64_t d = s; d <= e; ++d) n *= x.size(d);
+  shape.push_back(n);
+  shape.insert(shape.end(), x.shape().begin() + e + 1, x.shape().end());
+  return reshape(x, shape);
+}
+
+Tensor unsqueeze(const Tensor& x, int64_t d) {
+  check_defined(x, "unsqueeze");
+  const int64_t w = wrap_dim(d, x.dim() + 1, "unsqueeze");
+  Shape shape = x.shape(), strides = x.strides();
+  const int64_t stride = w < x.dim() ? x.stride(w) * x.size(w) : 1;
+  shape.insert(shape.begin() + w, 1);
+  strides.insert(strides.begin() + w, stride);
+  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "UnsqueezeBackward");
+}
+
+Tensor squeeze(const Tensor& x, int64_t d) {
+  check_defined(x, "squeeze");
+  if (x.dim() == 0) return x;
+  const int64_t w = wrap_dim(d, x.dim(), "squeeze");
+  if (x.size(w) != 1) return x;
+  Shape shape = x.shape(), strides = x.strides();
+  shape.erase(shape.begin() + w);
+  strides.erase(strides.begin() + w);
+  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "SqueezeBackward");
+}
+
+// y = permute(x, dims):  dX = permute(dY, inverse(dims))  (transpose is its own inverse)
+struct PermuteBackward final : Node {
+  explicit PermuteBackward(std::vector<int64_t> inverse) : inverse_(std::move(inverse)) {}
+  std::string_view name() const override { return "PermuteBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {permute(grads[0], inverse_)};
+  }
+  std::vector<int64_t> inverse_;
+};
+
+Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
+  check_defined(x, "permute");
+  EMBER_CHECK(static_cast<int64_t>(dims.size()) == x.dim(),
+              "permute: {} dims given for a tensor of {} dims (shape {})", dims.size(), x.dim(),
+              x.shape());
+  std::vector<int64_t> inverse(dims.size(), -1);
+  Shape shape(dims.size()), strides(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], x.dim(), "permute");
+    EMBER_CHECK(inverse[d] < 0, "permute: dim {} repeats in {}", d, dims);
+    inverse[d] = static_cast<int64_t>(i);
+    shape[i] = x.size(d);
+    strides[i] = x.stride(d);
+  }
+  Tensor out = make_view(x, shape, strides, x.storage_offset());
+  if (any_requires_grad(x)) connect(std::make_shared<PermuteBackward>(inverse), {x}, out);
+  return out;
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  check_defined(x, "transpose");
+  if (x.dim() == 0) return x;
+  std::vector<int64_t> dims(x.dim());
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[wrap_dim(d0, x.dim(), "transpose")], dims[wrap_dim(d1, x.dim(), "transpose")]);
+  return permute(x, dims);
+}
+
+// y = expand(x):  dX = dY, reduced to x's shape by the engine's sum_to
+struct ExpandBackward final : Node {
+  std::string_view name() const override { return "ExpandBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
+};
+
+Tensor expand(const Tensor& x, Shape shape) {
+  check_defined(x, "expand");
+  EMBER_CHECK(shape.size() >= static_cast<size_t>(x.dim()),
+              "expand: cannot expand shape {} to fewer dims {}", x.shape(), shape);
+  const size_t lead = shape.size() - x.dim();
+  Shape strides(shape.size(), 0);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d < lead) {
+      EMBER_CHECK(shape[d] >= 0, "expand: size -1 not allowed in a new leading dim ({})", shape);
+      continue;
+    }
+    const int64_t have = x.size(d - lead);
+    if (shape[d] == -1) shape[d] = have;
+    EMBER_CHECK(have == shape[d] || have == 1,
+                "expand: shape {} cannot be expanded to {} (dim {}: {} vs {})", x.shape(), shape, d,
+                have, shape[d]);
+    strides[d] = have == shape[d] ? x.stride(d - lead) : 0;
+  }
+  Tensor out = make_view(x, shape, strides, x.storage_offset());
+  if (any_requires_grad(x)) connect(std::make_shared<ExpandBackward>(), {x}, out);
+  return out;
+}
+
+// y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
+struct NarrowBackward final : Node {
+  NarrowBackward(int64_t dim, int64_t start) : dim_(dim), start_(start) {}
+  std::string_view name() const override { return "NarrowBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    copy_into(narrow(grad_x, dim_, start_, g.size(dim_)), g);
+    return {grad_x};
+  }
+  int64_t dim_, start_;
+};
+
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  check_defined(x, "narrow");
+  EMBER_CHECK(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  const int64_t d = wrap_dim(dim, x.dim(), "narrow");
+  if (start < 0) start += x.size(d);
+  EMBER_CHECK(start >= 0 && length >= 0 && start + length <= x.size(d),
+              "narrow: start {} and length {} out of range for dim {} of size {}", start, length, d,
+              x.size(d));
+  Shape shape = x.shape();
+  shape[d] = length;
+  Tensor out = make_view(x, shape, x.strides(), x.storage_offset() + start * x.stride(d));
+  if (any_requires_grad(x)) connect(std::make_shared<NarrowBackward>(d, start), {x}, out);
+  return out;
+}
+
+Tensor Tensor::reshape(Shape s) const { return ember::reshape(*this, std::move(s)); }
+Tensor Tensor::view(Shape s) const { return ember::view(*this, std::move(s)); }
+Tensor Tensor::flatten(int64_t s, int64_t e) const { return ember::flatten(*this, s, e); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return ember::transpose(*this, a, b); }
+Tensor Tensor::permute(std::vector<int64_t> d) const { return ember::permute(*this, std::move(d)); }
+Tensor Tensor::unsqueeze(int64_t d) const { return ember::unsqueeze(*this, d); }
+Tensor Tensor::squeeze(int64_t d) const { return ember::squeeze(*this, d); }
+Tensor Tensor::expand(Shape s) const { return ember::expand(*this, std::move(s)); }
+Tensor Tensor::narrow(int64_t d, int64_t s, int64_t l) const {
+  return ember::narrow(*this, d, s, l);
+}
+
+}  // namespace ember
