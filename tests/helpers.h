@@ -1,0 +1,88 @@
+// Shared test helpers: gradcheck as a Boost check, closeness of tensors, PyTorch golden files,
+// and expecting an ember::Error whose message contains given text.
+#pragma once
+
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <boost/test/unit_test.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ember.h"
+
+namespace ember::testing {
+
+// Passes when gradcheck passes; otherwise reports gradcheck's message.
+inline void check_gradient(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                           const std::vector<Tensor>& inputs, const std::string& what = "",
+                           const GradcheckOptions& options = {}) {
+  const GradcheckResult r = gradcheck(f, inputs, options);
+  BOOST_TEST(r.ok, what << ": " << r.message);
+}
+
+// A Float64 leaf of `shape` with values from randn (seeded by the caller), requiring grad.
+inline Tensor leaf(const Shape& shape, double scale = 1.0) {
+  Tensor t = randn(shape, kFloat64) * scale;
+  return t.detach().requires_grad_();
+}
+
+// Tensors agree elementwise: |a - b| <= atol + rtol |b|, with the same shape.
+inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6,
+                         const std::string& what = "") {
+  BOOST_TEST_REQUIRE((a.shape() == b.shape()),
+                     what << ": shape " << fmt::format("{}", a.shape()) << " vs "
+                          << fmt::format("{}", b.shape()));
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double excess = std::abs(x[i] - y[i]) - (atol + rtol * std::abs(y[i]));
+    if (excess > worst || (std::isnan(x[i]) != std::isnan(y[i]))) {
+      worst = std::isnan(excess) ? 1e300 : excess;
+      at = i;
+    }
+  }
+  BOOST_TEST(worst <= 0.0, what << ": element " << at << " is " << x[at] << ", expected "
+                                << y[at]);
+}
+
+// Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
+// "dtype": "float64"|"int64"|"bool", "data": [...]}}.
+class Golden {
+ public:
+  explicit Golden(const std::string& file) {
+    std::ifstream in(std::string(EMBER_GOLDEN_DIR) + "/" + file);
+    BOOST_TEST_REQUIRE(in.good(), "cannot open golden file " << file);
+    json_ = nlohmann::json::parse(in);
+  }
+  Tensor operator[](const std::string& name) const {
+    BOOST_TEST_REQUIRE(json_.contains(name), "golden value " << name << " missing");
+    const auto& entry = json_.at(name);
+    const Shape shape = entry.at("shape").get<Shape>();
+    const std::string dtype = entry.value("dtype", "float64");
+    if (dtype == "int64") return from_vector(entry.at("data").get<std::vector<int64_t>>(), shape);
+    const auto data = entry.at("data").get<std::vector<double>>();
+    return from_vector(data, shape, dtype == "bool" ? kBool : kFloat64);
+  }
+  bool contains(const std::string& name) const { return json_.contains(name); }
+
+ private:
+  nlohmann::json json_;
+};
+
+// Runs f, expecting an ember::Error whose message contains every one of `parts`.
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts)
+      BOOST_TEST(msg.find(p) != std::string::npos, "message '" << msg << "' lacks '" << p << "'");
+    return;
+  }
+  BOOST_ERROR("expected an ember::Error mentioning " << *parts.begin());
+}
+
+}  // namespace ember::testing
