@@ -89,13 +89,47 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
   }
 }
 
+// Up to this much work per matrix (m·n·k), a plain loop beats a BLAS call's fixed cost (as in
+// PyTorch's small-bmm path): the batched dot products of attention pooling, tiny heads.
+constexpr int64_t kSmallGemmWork = 512;
+
+// A matrix read through its strides, for the plain loop.
+template <class T>
+struct StridedMatrix {
+  T* p;
+  int64_t rs, cs;
+};
+
+template <class T>
+StridedMatrix<T> strided(const Tensor& x) {
+  return {x.data<std::remove_const_t<T>>(), x.stride(x.dim() - 2), x.stride(x.dim() - 1)};
+}
+
+// C (m, n) = alpha · A (m, k) · B (k, n) + beta · C for small matrices, read through any strides.
+template <class T>
+void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+                StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      T acc = 0;
+      for (int64_t l = 0; l < k; ++l) acc += a.p[i * a.rs + l * a.cs] * b.p[l * b.rs + j * b.cs];
+      T& out = c.p[i * c.rs + j * c.cs];
+      out = beta == T(0) ? alpha * acc : alpha * acc + beta * out;
+    }
+  }
+}
+
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
 // A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ.
 template <class T>
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
+  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
+  if (m * n * k <= kSmallGemmWork) {
+    small_gemm<T>(m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta, strided<T>(c));
+    return;
+  }
   const Operand oa = blas_operand(a), ob = blas_operand(b);
   const BlasLayout lc = *blas_layout(c);
-  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   if (lc.trans == CblasNoTrans) {
     blas_gemm<T>(m, n, k, alpha, oa.t.data<T>(), oa.layout, ob.t.data<T>(), ob.layout, beta,
                  c.data<T>(), lc.ld);
@@ -133,22 +167,29 @@ std::vector<int64_t> batch_offsets(const Tensor& x, const Shape& batch) {
 constexpr int64_t kBlasSerialWork = 65536 * 4;
 
 // out (batch..., m, n), contiguous = a (..., m, k) · b (..., k, n), whose batch dims broadcast
-// to `batch`.
+// to `batch`. Small matrices run the plain loop on their strides (no copies), the others BLAS.
 template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
-  const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1);
+  const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
-  const Operand oa = blas_operand(a), ob = blas_operand(b);
+  const bool small = work <= kSmallGemmWork;
+  const Operand oa = small ? Operand{a, {}} : blas_operand(a);
+  const Operand ob = small ? Operand{b, {}} : blas_operand(b);
   const std::vector<int64_t> off_a = batch_offsets(oa.t, batch), off_b = batch_offsets(ob.t, batch);
-  const T* pa = oa.t.data<T>();
-  const T* pb = ob.t.data<T>();
+  const StridedMatrix<const T> sa = strided<const T>(oa.t), sb = strided<const T>(ob.t);
   T* pc = out.data<T>();
-  const int64_t count = static_cast<int64_t>(off_a.size()), work = m * n * k;
+  const int64_t count = static_cast<int64_t>(off_a.size());
   const bool parallel = count > 1 && work <= kBlasSerialWork && count * work >= kParallelGrain;
 #pragma omp parallel for if (parallel)
-  for (int64_t i = 0; i < count; ++i)
-    blas_gemm<T>(m, n, k, T(1), pa + off_a[i], oa.layout, pb + off_b[i], ob.layout, T(0),
-                 pc + i * m * n, n);
+  for (int64_t i = 0; i < count; ++i) {
+    if (small) {
+      small_gemm<T>(m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs}, {sb.p + off_b[i], sb.rs, sb.cs},
+                    T(0), {pc + i * m * n, n, 1});
+    } else {
+      blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
+                   pc + i * m * n, n);
+    }
+  }
 }
 
 // x (..., c) as a 2-D (N, c) view when its leading dims fold into one dim of rows.
@@ -304,7 +345,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape shape = batch;  // the unit dims of 1-D operands removed again
   if (a.dim() > 1) shape.push_back(a2.size(-2));
   if (b.dim() > 1) shape.push_back(b2.size(-1));
-  out = make_view(out, shape, contiguous_strides(shape), 0);
+  if (shape != out.shape()) out = make_view(out, shape, contiguous_strides(shape), 0);
   if (any_requires_grad(x, y)) connect(std::make_shared<MatmulBackward>(x, y), {x, y}, out);
   return out;
 }
