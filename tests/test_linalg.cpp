@@ -130,6 +130,13 @@ const std::vector<BlasCase>& blas_cases() {
       {"attention",
        {{2, 2, 10, 8}, {2, 2, 10, 8}},
        [](Inputs v, P p) { return p.matmul(v[0], v[1].transpose(-2, -1)); }},
+      {"attention_head_views",  // (B, T, h·d) -> (B, h, T, d): ld = h·d, no copies
+       {{2, 10, 16}, {2, 10, 16}},
+       [](Inputs v, P p) {
+         const Tensor q = v[0].view({2, 10, 2, 8}).transpose(1, 2);
+         const Tensor k = v[1].view({2, 10, 2, 8}).transpose(1, 2);
+         return p.matmul(p.matmul(q, k.transpose(-2, -1)), q);
+       }},
       {"batch_broadcast",
        {{2, 1, 10, 8}, {3, 8, 9}},
        [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
@@ -316,6 +323,19 @@ BOOST_AUTO_TEST_CASE(gemm_accumulates_and_writes_column_major) {
       },
       {"gemm", "neither row- nor column-major"});
   expect_error([&] { gemm(a, b, zeros({3, 2})); }, {"gemm", "Float64", "Float32"});
+}
+
+BOOST_AUTO_TEST_CASE(graph_is_freed) {
+  const int64_t nodes = live_nodes(), impls = live_tensor_impls();
+  {
+    Tensor x = randn({2, 3, 4}).requires_grad_(), w = randn({5, 4}).requires_grad_();
+    Tensor b = randn({5}).requires_grad_(), m = randn({5, 6}).requires_grad_();
+    Tensor loss = matmul(linear(x, w, b), m).sum() + bmm(x, x.transpose(1, 2)).sum();
+    loss.backward();
+    BOOST_TEST(live_nodes() > nodes);
+  }
+  BOOST_TEST(live_nodes() == nodes);
+  BOOST_TEST(live_tensor_impls() == impls);
 }
 
 BOOST_AUTO_TEST_CASE(backward_refuses_modified_input) {
