@@ -262,17 +262,21 @@ BOOST_AUTO_TEST_CASE(transposed_operand_equals_contiguous_copy) {
 BOOST_AUTO_TEST_CASE(matches_reference_on_every_threading_path) {
   manual_seed(4);
   // many small matrices (plain loop, then BLAS, parallel over the batch), a large product
-  // (BLAS threads), a 2-D
-  // operand broadcast over a batch that does not fold, and empty dims
-  const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{64, 8, 8}, {64, 8, 8}},  {{64, 9, 10}, {64, 10, 8}}, {{2, 70, 80}, {2, 80, 60}},
-      {{3, 1, 6, 5}, {4, 5, 6}}, {{4, 0, 3}, {3, 2}},        {{2, 3, 0}, {2, 0, 4}},
-      {{0, 2, 3}, {3, 4}}};
+  // (BLAS threads), a 2-D operand broadcast over a batch that does not fold, an empty sum
+  const std::vector<std::pair<Shape, Shape>> shapes = {{{64, 8, 8}, {64, 8, 8}},
+                                                       {{64, 9, 10}, {64, 10, 8}},
+                                                       {{2, 70, 80}, {2, 80, 60}},
+                                                       {{3, 1, 6, 5}, {4, 5, 6}},
+                                                       {{2, 3, 0}, {2, 0, 4}}};
   for (const auto& [sa, sb] : shapes) {
     const Tensor a = randn(sa, kFloat64), b = randn(sb, kFloat64);
     expect_close(matmul(a, b), reference_matmul(a, b), 1e-10, 1e-10,
                  fmt::format("{} @ {}", sa, sb));
   }
+  // empty outputs
+  BOOST_TEST((matmul(ones({4, 0, 3}), ones({3, 2})).shape() == Shape{4, 0, 2}));
+  BOOST_TEST((matmul(ones({0, 2, 3}), ones({3, 4})).shape() == Shape{0, 2, 4}));
+  BOOST_TEST((linear(ones({0, 3}), ones({2, 3}), ones({2})).shape() == Shape{0, 2}));
   const Tensor big = randn({300, 200}, kFloat32), small = randn({200, 100}, kFloat32);
   expect_close(matmul(big, small), reference_matmul(big.to(kFloat64), small.to(kFloat64)), 1e-4,
                1e-4, "Float32 300x200 @ 200x100");
