@@ -312,14 +312,18 @@ BOOST_AUTO_TEST_CASE(shapes_follow_torch) {
 
 BOOST_AUTO_TEST_CASE(gemm_accumulates_and_writes_column_major) {
   manual_seed(6);
+  // (m, k, n) for the plain loop and for BLAS, with a transposed a in the second
+  for (const auto& [m, k, n] : {std::tuple{3, 4, 2}, std::tuple{12, 10, 9}}) {
+    const Tensor a = randn({k, m}, kFloat64).transpose(0, 1), b = randn({k, n}, kFloat64);
+    const Tensor c0 = randn({m, n}, kFloat64);
+    Tensor c = c0.clone();
+    gemm(a, b, c, 2.0, 0.5);  // c = 2 a b + 0.5 c
+    expect_close(c, reference_matmul(a, b) * 2.0 + c0 * 0.5, 1e-12, 1e-12, "alpha, beta");
+    Tensor storage = zeros({n, m}, kFloat64);
+    gemm(a, b, storage.transpose(0, 1));  // a column-major output
+    expect_close(storage.transpose(0, 1), reference_matmul(a, b), 1e-12, 1e-12, "column-major c");
+  }
   const Tensor a = randn({3, 4}, kFloat64), b = randn({4, 2}, kFloat64);
-  const Tensor c0 = randn({3, 2}, kFloat64);
-  Tensor c = c0.clone();
-  gemm(a, b, c, 2.0, 0.5);  // c = 2 a b + 0.5 c
-  expect_close(c, matmul(a, b) * 2.0 + c0 * 0.5, 1e-12, 1e-12, "alpha, beta");
-  Tensor storage = zeros({2, 3}, kFloat64);
-  gemm(a, b, storage.transpose(0, 1));  // a column-major output
-  expect_close(storage.transpose(0, 1), matmul(a, b), 1e-12, 1e-12, "column-major c");
   expect_error([&] { gemm(a, b, zeros({1, 3, 2}, kFloat64)); }, {"gemm", "expected 2-D"});
   expect_error(
       [&] {
