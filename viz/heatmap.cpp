@@ -82,32 +82,80 @@ std::string color_at(const Colormap& cmap, double t) {
 constexpr double kFont = 10, kTitleFont = 12, kPad = 6, kTickLen = 3.5, kTickPad = 3.5;
 constexpr double kPanel = 120;  // side of a panel's longer edge, in points
 
-// Where everything goes: panels of panel_w x panel_h in a grid from (left, top), spaced by
-// pitch_x / pitch_y; the colorbar at (cbar_x, cbar_y), cbar_w x cbar_h.
+// Where everything goes: panels of panel_w x panel_h (cells of cell_w x cell_h) in a grid
+// from (left, top), spaced by pitch_x / pitch_y; the colorbar at (cbar_x, cbar_y), cbar_w x
+// cbar_h; and the ticks of the panels' axes (in cells) and of the colorbar (in values).
 struct Layout {
-  double cell, panel_w, panel_h, left, top, pitch_x, pitch_y;
+  double cell_w, cell_h, panel_w, panel_h, left, top, pitch_x, pitch_y;
   double cbar_x, cbar_y, cbar_w, cbar_h, width, height;
+  std::vector<double> x_ticks, y_ticks, cbar_ticks;
+  std::vector<std::string> x_labels, y_labels, cbar_labels;
 };
 
+double widest(const std::vector<std::string>& labels) {
+  double w = 0;
+  for (const std::string& s : labels) w = std::max(w, svg::text_width(s, kFont));
+  return w;
+}
+
+// Ticks at the centres of n cells along an axis `length` points long, about one per 22 points.
+std::vector<double> cell_ticks(int64_t n, double length) {
+  return svg::nice_ticks(-0.5, static_cast<double>(n) - 0.5,
+                         std::max(2, static_cast<int>(length / 22)), true);
+}
+
+Layout make_layout(int64_t rows, int64_t cols, int64_t queries, int64_t keys, bool titled,
+                   bool has_xlabel, const std::string& ylabel, double lo, double hi) {
+  const bool has_ylabel = !ylabel.empty();
+  Layout l{};
+  // Square cells as imshow draws them, unless one side would fall below a quarter panel.
+  const double longest = static_cast<double>(std::max(queries, keys));
+  l.panel_w = std::max(kPanel / 4, kPanel * static_cast<double>(keys) / longest);
+  l.panel_h = std::max(kPanel / 4, kPanel * static_cast<double>(queries) / longest);
+  l.cell_w = l.panel_w / static_cast<double>(keys);
+  l.cell_h = l.panel_h / static_cast<double>(queries);
+  l.x_ticks = cell_ticks(keys, l.panel_w);
+  l.y_ticks = cell_ticks(queries, l.panel_h);
+  l.x_labels = svg::tick_labels(l.x_ticks);
+  l.y_labels = svg::tick_labels(l.y_ticks);
+
+  const double title_h = titled ? kTitleFont * 1.2 + kPad : 0;
+  l.left = kPad + (has_ylabel ? kFont * 1.2 + 4 : 0) + widest(l.y_labels) + kTickLen + kTickPad;
+  // A y label longer than a panel is tall sticks out above and below it.
+  const double overhang = std::max(0.0, (svg::text_width(ylabel, kFont) - l.panel_h) / 2);
+  l.top = kPad + title_h + overhang;
+  l.pitch_x = l.panel_w + 12;
+  l.pitch_y = l.panel_h + kTickLen + 8 + title_h;
+  const double grid_w = l.pitch_x * static_cast<double>(cols) - 12;
+  const double grid_h = l.pitch_y * static_cast<double>(rows) - (l.pitch_y - l.panel_h);
+  // matplotlib's fig.colorbar(shrink=0.6): 60% of the grid's height, aspect 20; here at least
+  // 60 points (or the grid's height) so its labels stay apart.
+  l.cbar_h = std::max(0.6 * grid_h, std::min(grid_h, 60.0));
+  l.cbar_w = std::max(5.0, l.cbar_h / 20);
+  l.cbar_x = l.left + grid_w + 14;
+  l.cbar_y = l.top + (grid_h - l.cbar_h) / 2;
+  l.cbar_ticks = svg::nice_ticks(lo, hi, std::clamp(static_cast<int>(l.cbar_h / 15), 2, 9));
+  l.cbar_labels = svg::tick_labels(l.cbar_ticks);
+  l.width = l.cbar_x + l.cbar_w + kTickLen + kTickPad + widest(l.cbar_labels) + kPad;
+  l.height = l.top + grid_h + kTickLen + kTickPad + kFont + (has_xlabel ? 4 + kFont * 1.2 : 0) +
+             kPad + overhang;
+  return l;
+}
+
 // Frame, ticks at cell centres and, on the outer panels, tick labels of one heatmap at (x0, y0).
-void draw_axes(svg::Writer& svg, double x0, double y0, int64_t queries, int64_t keys,
-               const Layout& l, bool x_labels, bool y_labels) {
-  const auto tick_pos = [&](int64_t n, double length) {
-    return svg::nice_ticks(-0.5, static_cast<double>(n) - 0.5,
-                           std::max(2, static_cast<int>(length / 22)), true);
-  };
-  const std::vector<double> xt = tick_pos(keys, l.panel_w), yt = tick_pos(queries, l.panel_h);
-  const std::vector<std::string> xl = svg::tick_labels(xt), yl = svg::tick_labels(yt);
+void draw_axes(svg::Writer& svg, double x0, double y0, const Layout& l, bool x_labels,
+               bool y_labels) {
   const double bottom = y0 + l.panel_h;
-  for (size_t i = 0; i < xt.size(); ++i) {
-    const double x = x0 + (xt[i] + 0.5) * l.cell;
+  for (size_t i = 0; i < l.x_ticks.size(); ++i) {
+    const double x = x0 + (l.x_ticks[i] + 0.5) * l.cell_w;
     svg.line(x, bottom, x, bottom + kTickLen, "#000000", 0.8);
-    if (x_labels) svg.text(x, bottom + kTickLen + kTickPad + kFont * 0.76, xl[i], {kFont});
+    if (x_labels) svg.text(x, bottom + kTickLen + kTickPad + kFont * 0.76, l.x_labels[i], {kFont});
   }
-  for (size_t i = 0; i < yt.size(); ++i) {
-    const double y = y0 + (yt[i] + 0.5) * l.cell;
+  for (size_t i = 0; i < l.y_ticks.size(); ++i) {
+    const double y = y0 + (l.y_ticks[i] + 0.5) * l.cell_h;
     svg.line(x0 - kTickLen, y, x0, y, "#000000", 0.8);
-    if (y_labels) svg.text(x0 - kTickLen - kTickPad, y + kFont * 0.36, yl[i], {kFont, "end"});
+    if (y_labels)
+      svg.text(x0 - kTickLen - kTickPad, y + kFont * 0.36, l.y_labels[i], {kFont, "end"});
   }
   svg.rect(x0, y0, l.panel_w, l.panel_h, "none", R"(stroke="#000000" stroke-width="0.8")");
 }
@@ -123,48 +171,15 @@ void draw_colorbar(svg::Writer& svg, const Colormap& cmap, double lo, double hi,
   svg.raw(gradient + "</linearGradient></defs>\n");
   svg.open_group(R"(class="colorbar")");
   svg.rect(l.cbar_x, l.cbar_y, l.cbar_w, l.cbar_h, "url(#colorbar)");
-  const std::vector<double> ticks =
-      svg::nice_ticks(lo, hi, std::clamp(static_cast<int>(l.cbar_h / 15), 2, 9));
-  const std::vector<std::string> labels = svg::tick_labels(ticks);
   const double right = l.cbar_x + l.cbar_w;
-  for (size_t i = 0; i < ticks.size(); ++i) {
-    const double y = l.cbar_y + l.cbar_h * (hi - ticks[i]) / (hi - lo);
+  for (size_t i = 0; i < l.cbar_ticks.size(); ++i) {
+    const double y = l.cbar_y + l.cbar_h * (hi - l.cbar_ticks[i]) / (hi - lo);
     svg.line(right, y, right + kTickLen, y, "#000000", 0.8);
-    svg.text(right + kTickLen + kTickPad, y + kFont * 0.36, labels[i], {kFont, "start"});
+    svg.text(right + kTickLen + kTickPad, y + kFont * 0.36, l.cbar_labels[i], {kFont, "start"});
   }
   svg.rect(l.cbar_x, l.cbar_y, l.cbar_w, l.cbar_h, "none",
            R"(stroke="#000000" stroke-width="0.8")");
   svg.close_group();
-}
-
-Layout make_layout(int64_t rows, int64_t cols, int64_t queries, int64_t keys, bool titled,
-                   bool has_xlabel, bool has_ylabel, double lo, double hi) {
-  Layout l{};
-  l.cell = kPanel / static_cast<double>(std::max(queries, keys));
-  l.panel_w = l.cell * static_cast<double>(keys);
-  l.panel_h = l.cell * static_cast<double>(queries);
-  double ylabel_w = 0;  // widest y tick label
-  for (const std::string& s : svg::tick_labels(svg::nice_ticks(0, queries - 1.0, 6, true)))
-    ylabel_w = std::max(ylabel_w, svg::text_width(s, kFont));
-  const double title_h = titled ? kTitleFont * 1.2 + kPad : 0;
-  l.left = kPad + (has_ylabel ? kFont * 1.2 + 4 : 0) + ylabel_w + kTickLen + kTickPad;
-  l.top = kPad + title_h;
-  l.pitch_x = l.panel_w + 12;
-  l.pitch_y = l.panel_h + kTickLen + 8 + title_h;
-  const double grid_w = l.pitch_x * static_cast<double>(cols) - 12;
-  const double grid_h = l.pitch_y * static_cast<double>(rows) - (l.pitch_y - l.panel_h);
-  // matplotlib's fig.colorbar(shrink=0.6): 60% of the grid's height, aspect 20.
-  l.cbar_h = 0.6 * grid_h;
-  l.cbar_w = std::max(5.0, l.cbar_h / 20);
-  l.cbar_x = l.left + grid_w + 14;
-  l.cbar_y = l.top + (grid_h - l.cbar_h) / 2;
-  double cbar_label_w = 0;
-  for (const std::string& s : svg::tick_labels(svg::nice_ticks(lo, hi, 6)))
-    cbar_label_w = std::max(cbar_label_w, svg::text_width(s, kFont));
-  l.width = l.cbar_x + l.cbar_w + kTickLen + kTickPad + cbar_label_w + kPad;
-  l.height =
-      l.top + grid_h + kTickLen + kTickPad + kFont + (has_xlabel ? 4 + kFont * 1.2 : 0) + kPad;
-  return l;
 }
 
 }  // namespace
@@ -198,8 +213,8 @@ void show_heatmaps(const Tensor& matrices, const std::string& path, const std::s
   const double span = hi > lo ? hi - lo : 0.0;  // constant: every cell at the lightest colour
   const double bar_hi = hi > lo ? hi : lo + 1;
 
-  const Layout l = make_layout(rows, cols, queries, keys, !titles.empty(), !xlabel.empty(),
-                               !ylabel.empty(), lo, bar_hi);
+  const Layout l =
+      make_layout(rows, cols, queries, keys, !titles.empty(), !xlabel.empty(), ylabel, lo, bar_hi);
   svg::Writer svg(l.width, l.height);
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
@@ -211,13 +226,13 @@ void show_heatmaps(const Tensor& matrices, const std::string& path, const std::s
         for (int64_t k = 0; k < keys; ++k) {
           const double v = m[q * keys + k];
           if (!std::isfinite(v)) continue;
-          svg.rect(x0 + static_cast<double>(k) * l.cell, y0 + static_cast<double>(q) * l.cell,
-                   l.cell, l.cell, color_at(colormap, span > 0 ? (v - lo) / span : 0.0),
+          svg.rect(x0 + static_cast<double>(k) * l.cell_w, y0 + static_cast<double>(q) * l.cell_h,
+                   l.cell_w, l.cell_h, color_at(colormap, span > 0 ? (v - lo) / span : 0.0),
                    R"(class="cell")");
         }
       }
       svg.close_group();
-      draw_axes(svg, x0, y0, queries, keys, l, i == rows - 1, j == 0);
+      draw_axes(svg, x0, y0, l, i == rows - 1, j == 0);
       const double cx = x0 + l.panel_w / 2, cy = y0 + l.panel_h / 2;
       if (!titles.empty()) svg.text(cx, y0 - kPad, titles[j], {kTitleFont});
       if (i == rows - 1 && !xlabel.empty())

@@ -102,6 +102,8 @@ double text_width(std::string_view text, double size) {
       em += 0.92;
     else if (c >= 'A' && c <= 'Z')
       em += 0.7;
+    else if (c >= '0' && c <= '9')
+      em += 0.64;
     else
       em += 0.62;
   }
