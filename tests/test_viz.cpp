@@ -346,7 +346,8 @@ BOOST_AUTO_TEST_CASE(heatmap_grid_2x3_shares_axes_and_one_range) {
 
 BOOST_AUTO_TEST_CASE(heatmap_reads_views_and_leaves_nonfinite_cells_blank) {
   // A transposed view: cell (q, k) of the drawn (1, 1, 3, 2) matrix is m[k][q].
-  const Tensor m = from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {1, 1, 2, 3}, kFloat64);
+  Tensor m = from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {1, 1, 2, 3}, kFloat64);
+  m.requires_grad_();  // a tensor in a graph draws the same
   const std::string path = scratch("view.svg");
   viz::show_heatmaps(m.transpose(2, 3), path, "k", "q", {}, "Blues");
   auto doc = load_svg(path);

@@ -57,10 +57,12 @@ bool clip_segment(double& ax, double& ay, double& bx, double& by, const Box& box
   return true;
 }
 
-// Data coordinates -> points inside `box`.
+// The axes: data coordinates -> points inside `box`, and the ticks of both axes.
 struct Axes {
   Box box;
   double xlo, xhi, ylo, yhi;
+  std::vector<double> x_ticks, y_ticks;
+  std::vector<std::string> x_labels, y_labels;
   double px(double x) const { return box.x0 + (x - xlo) / (xhi - xlo) * (box.x1 - box.x0); }
   double py(double y) const { return box.y1 - (y - ylo) / (yhi - ylo) * (box.y1 - box.y0); }
 };
@@ -187,6 +189,86 @@ void draw_legend(svg::Writer& svg, const std::vector<PlotSeries>& series, const 
   svg.close_group();
 }
 
+// Lays out the figure as matplotlib's tight bbox would: the y ticks depend on the axes'
+// height, the left margin on the y tick labels, the x ticks on the width that is left
+// (about one tick per 20 points vertically and 30 points horizontally, as matplotlib).
+Axes make_axes(double xlo, double xhi, double ylo, double yhi, bool has_xlabel, bool has_ylabel) {
+  Axes a{};
+  a.xlo = xlo, a.xhi = xhi, a.ylo = ylo, a.yhi = yhi;
+  const double top = kPad + kFont / 2;
+  const double bottom = kTickLen + kTickPad + kFont + (has_xlabel ? 4 + kFont * 1.2 : 0) + kPad;
+  const double axes_h = kHeight - top - bottom;
+  a.y_ticks = svg::nice_ticks(ylo, yhi, std::clamp(static_cast<int>(axes_h / 20), 1, 9));
+  a.y_labels = svg::tick_labels(a.y_ticks);
+  const double left =
+      kPad + (has_ylabel ? kFont * 1.2 + 4 : 0) + widest(a.y_labels) + kTickLen + kTickPad;
+  const double axes_w = kWidth - left - kPad - kFont;
+  a.x_ticks = svg::nice_ticks(xlo, xhi, std::clamp(static_cast<int>(axes_w / 30), 1, 9));
+  a.x_labels = svg::tick_labels(a.x_ticks);
+  a.box = {left, top, left + axes_w, top + axes_h};
+  return a;
+}
+
+// D2L's axes.grid(): light lines at the ticks, under the data.
+void draw_grid(svg::Writer& svg, const Axes& a) {
+  const Box& b = a.box;
+  svg.open_group(R"(class="grid")");
+  for (const double x : a.x_ticks) svg.line(a.px(x), b.y0, a.px(x), b.y1, "#b0b0b0", 0.8);
+  for (const double y : a.y_ticks) svg.line(b.x0, a.py(y), b.x1, a.py(y), "#b0b0b0", 0.8);
+  svg.close_group();
+}
+
+// Lines and scatters in the order added, clipped to the axes.
+void draw_data(svg::Writer& svg, const std::vector<PlotSeries>& series, const Axes& a) {
+  const Box& b = a.box;
+  svg.raw(fmt::format(R"(<defs><clipPath id="axes"><rect x="{}" y="{}" width="{}" height="{}"/>)"
+                      "</clipPath></defs>\n",
+                      svg::num(b.x0), svg::num(b.y0), svg::num(b.x1 - b.x0),
+                      svg::num(b.y1 - b.y0)));
+  svg.open_group("clip-path=\"url(#axes)\"");
+  const Box near{b.x0 - 5, b.y0 - 5, b.x1 + 5, b.y1 + 5};
+  for (const PlotSeries& s : series) {
+    if (!s.scatter) {
+      const std::string d = line_path(s, a);
+      if (!d.empty())
+        svg.raw(fmt::format(R"(<path class="line" d="{}" {}/>)", d, stroke_of(s)) + "\n");
+      continue;
+    }
+    svg.open_group(R"(class="scatter")");
+    for (size_t i = 0; i < s.xs.size(); ++i) {
+      const double x = a.px(s.xs[i]), y = a.py(s.ys[i]);
+      if (std::isfinite(x) && std::isfinite(y) && near.contains(x, y))
+        svg.circle(x, y, 3, marker_of(s));
+    }
+    svg.close_group();
+  }
+  svg.close_group();
+}
+
+// Spines, outward ticks with their labels, and the axis labels.
+void draw_frame(svg::Writer& svg, const Axes& a, const std::string& xlabel,
+                const std::string& ylabel) {
+  const Box& b = a.box;
+  svg.open_group(R"(class="axes")");
+  svg.rect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0, "none", R"(stroke="#000000" stroke-width="0.8")");
+  for (size_t i = 0; i < a.x_ticks.size(); ++i) {
+    const double x = a.px(a.x_ticks[i]);
+    svg.line(x, b.y1, x, b.y1 + kTickLen, "#000000", 0.8);
+    svg.text(x, b.y1 + kTickLen + kTickPad + kFont * 0.76, a.x_labels[i], {kFont});
+  }
+  for (size_t i = 0; i < a.y_ticks.size(); ++i) {
+    const double y = a.py(a.y_ticks[i]);
+    svg.line(b.x0 - kTickLen, y, b.x0, y, "#000000", 0.8);
+    svg.text(b.x0 - kTickLen - kTickPad, y + kFont * 0.36, a.y_labels[i], {kFont, "end"});
+  }
+  if (!xlabel.empty())
+    svg.text((b.x0 + b.x1) / 2, b.y1 + kTickLen + kTickPad + kFont + 4 + kFont * 0.9, xlabel,
+             {kFont});
+  if (!ylabel.empty())
+    svg.text(kPad + kFont * 0.9, (b.y0 + b.y1) / 2, ylabel, {kFont, "middle", -90});
+  svg.close_group();
+}
+
 std::vector<double> values_of(const Tensor& t, const char* who, const char* name) {
   EMBER_CHECK(t.defined(), "{}: {} is an undefined tensor", who, name);
   EMBER_CHECK(t.dim() == 1, "{}: {} must be a 1-D tensor, got shape {}", who, name, t.shape());
@@ -256,66 +338,11 @@ Figure& Figure::ylim(double lo, double hi) {
 std::string Figure::to_svg() const {
   const auto [xlo, xhi] = axis_range(series_, true, xlim_);
   const auto [ylo, yhi] = axis_range(series_, false, ylim_);
-  // Vertical layout first: the y ticks depend on the axes' height, the left margin on the
-  // y tick labels, the x ticks on the width that is left (matplotlib's tick spacing).
-  const double top = kPad + kFont / 2;
-  const double bottom =
-      kTickLen + kTickPad + kFont + (xlabel_.empty() ? 0 : 4 + kFont * 1.2) + kPad;
-  const double axes_h = kHeight - top - bottom;
-  const std::vector<double> yt = svg::nice_ticks(ylo, yhi, std::clamp(int(axes_h / 20), 1, 9));
-  const std::vector<std::string> yl = svg::tick_labels(yt);
-  const double left =
-      kPad + (ylabel_.empty() ? 0 : kFont * 1.2 + 4) + widest(yl) + kTickLen + kTickPad;
-  const double axes_w = kWidth - left - kPad - kFont;
-  const std::vector<double> xt = svg::nice_ticks(xlo, xhi, std::clamp(int(axes_w / 30), 1, 9));
-  const std::vector<std::string> xl = svg::tick_labels(xt);
-  const Axes a{{left, top, left + axes_w, top + axes_h}, xlo, xhi, ylo, yhi};
-  const Box& b = a.box;
-
+  const Axes a = make_axes(xlo, xhi, ylo, yhi, !xlabel_.empty(), !ylabel_.empty());
   svg::Writer svg(kWidth, kHeight);
-  svg.open_group(R"(class="grid")");
-  for (const double x : xt) svg.line(a.px(x), b.y0, a.px(x), b.y1, "#b0b0b0", 0.8);
-  for (const double y : yt) svg.line(b.x0, a.py(y), b.x1, a.py(y), "#b0b0b0", 0.8);
-  svg.close_group();
-
-  svg.raw(fmt::format(R"(<defs><clipPath id="axes"><rect x="{}" y="{}" width="{}" height="{}"/>)"
-                      "</clipPath></defs>\n",
-                      svg::num(b.x0), svg::num(b.y0), svg::num(axes_w), svg::num(axes_h)));
-  svg.open_group("clip-path=\"url(#axes)\"");
-  const Box near{b.x0 - 5, b.y0 - 5, b.x1 + 5, b.y1 + 5};
-  for (const PlotSeries& s : series_) {
-    if (!s.scatter) {
-      const std::string d = line_path(s, a);
-      if (!d.empty())
-        svg.raw(fmt::format(R"(<path class="line" d="{}" {}/>)", d, stroke_of(s)) + "\n");
-      continue;
-    }
-    svg.open_group(R"(class="scatter")");
-    for (size_t i = 0; i < s.xs.size(); ++i) {
-      const double x = a.px(s.xs[i]), y = a.py(s.ys[i]);
-      if (std::isfinite(x) && std::isfinite(y) && near.contains(x, y))
-        svg.circle(x, y, 3, marker_of(s));
-    }
-    svg.close_group();
-  }
-  svg.close_group();
-
-  svg.open_group(R"(class="axes")");
-  svg.rect(b.x0, b.y0, axes_w, axes_h, "none", R"(stroke="#000000" stroke-width="0.8")");
-  for (size_t i = 0; i < xt.size(); ++i) {
-    svg.line(a.px(xt[i]), b.y1, a.px(xt[i]), b.y1 + kTickLen, "#000000", 0.8);
-    svg.text(a.px(xt[i]), b.y1 + kTickLen + kTickPad + kFont * 0.76, xl[i], {kFont});
-  }
-  for (size_t i = 0; i < yt.size(); ++i) {
-    svg.line(b.x0 - kTickLen, a.py(yt[i]), b.x0, a.py(yt[i]), "#000000", 0.8);
-    svg.text(b.x0 - kTickLen - kTickPad, a.py(yt[i]) + kFont * 0.36, yl[i], {kFont, "end"});
-  }
-  if (!xlabel_.empty())
-    svg.text((b.x0 + b.x1) / 2, b.y1 + kTickLen + kTickPad + kFont + 4 + kFont * 0.9, xlabel_,
-             {kFont});
-  if (!ylabel_.empty())
-    svg.text(kPad + kFont * 0.9, (b.y0 + b.y1) / 2, ylabel_, {kFont, "middle", -90});
-  svg.close_group();
+  draw_grid(svg, a);
+  draw_data(svg, series_, a);
+  draw_frame(svg, a, xlabel_, ylabel_);
   draw_legend(svg, series_, a);
   return svg.str();
 }
