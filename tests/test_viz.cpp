@@ -255,6 +255,8 @@ BOOST_AUTO_TEST_CASE(nice_ticks_and_labels) {
   BOOST_TEST((nice_ticks(-0.5, 49.5, 5, true) == std::vector<double>{0, 10, 20, 30, 40}));
   BOOST_TEST((nice_ticks(-0.5, 1.5, 5, true) == std::vector<double>{0, 1}));
   BOOST_TEST((nice_ticks(3, 3, 5) == std::vector<double>{3}));
+  BOOST_TEST(nice_ticks(0, INFINITY, 5).empty());
+  BOOST_TEST(nice_ticks(1e16, 1e16 + 4, 5).size() <= 12u);  // terminates where 1e16 + 1 == 1e16
   const auto labels = viz::svg::tick_labels({-1, 0, 0.2, 1});
   BOOST_TEST((labels == std::vector<std::string>{"\u22121.0", "0.0", "0.2", "1.0"}));
   BOOST_TEST((viz::svg::tick_labels({0, 10, 20}) == std::vector<std::string>{"0", "10", "20"}));

@@ -111,6 +111,7 @@ double text_width(std::string_view text, double size) {
 }
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {};
   if (!(hi > lo)) return {lo};
   const double raw = (hi - lo) / std::max(1, max_ticks);
   const double scale = std::pow(10.0, std::floor(std::log10(raw)));
@@ -126,8 +127,10 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer
   if (integer) step = std::max(step, 1.0);
   std::vector<double> ticks;
   const double eps = step * 1e-9;
-  for (double k = std::ceil((lo - eps) / step); k * step <= hi + eps; k += 1) {
-    const double t = k * step;
+  const double first = std::ceil((lo - eps) / step);
+  for (int k = 0; k <= 2 * max_ticks + 2; ++k) {  // bounded even where k * step loses digits
+    const double t = (first + k) * step;
+    if (!(t <= hi + eps)) break;
     ticks.push_back(std::abs(t) < eps ? 0.0 : t);
   }
   return ticks;

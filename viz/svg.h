@@ -21,7 +21,7 @@ double text_width(std::string_view text, double size);
 
 // Nice tick positions inside [lo, hi]: multiples of a step from {1, 2, 2.5, 5} x 10^k, the
 // smallest step giving at most `max_ticks` intervals (matplotlib's MaxNLocator). With
-// `integer`, steps are whole numbers (heatmap rows and columns).
+// `integer`, steps are whole numbers (heatmap rows and columns). None for a non-finite range.
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks, bool integer = false);
 
 // Labels for `ticks`, all with the decimals the step needs (0.0 0.2 ... 1.0), and a Unicode
