@@ -16,3 +16,4 @@
 #include "ops/nn_functional.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
+#include "viz/viz.h"
