@@ -16,3 +16,5 @@
 #include "ops/nn_functional.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
