@@ -53,7 +53,7 @@ void Node::save(SavedTensor& slot, const Tensor& t) {
 }
 
 void Node::check_saved() const {
-  EMBER_CHECK(!released_,
+  EMBER_CHECK(!released_ || saved_.empty(),
               "backward: {} was already run and its saved tensors freed; trying to backward "
               "through the graph a second time? Pass retain_graph=true to the first backward",
               name());

@@ -522,16 +522,21 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 Tensor& Tensor::add_(double value) { return add_(scalar_tensor(value, dtype())); }
 Tensor& Tensor::mul_(double value) { return mul_(scalar_tensor(value, dtype())); }
-Tensor& Tensor::zero_() { return fill_(0.0); }
-Tensor& Tensor::fill_(double value) { return copy_(scalar_tensor(value, dtype())); }
-
-Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace(*this, "copy_");
-  check_inplace_operand(*this, src, "copy_");
-  copy_into(*this, src);
-  impl()->storage->bump_version();
-  return *this;
+namespace {
+Tensor& inplace_copy(Tensor& self, const Tensor& src, std::string_view op) {
+  check_inplace(self, op);
+  check_inplace_operand(self, src, op);
+  copy_into(self, src);
+  self.impl()->storage->bump_version();
+  return self;
 }
+}  // namespace
+
+Tensor& Tensor::zero_() { return inplace_copy(*this, scalar_tensor(0.0, dtype()), "zero_"); }
+Tensor& Tensor::fill_(double value) {
+  return inplace_copy(*this, scalar_tensor(value, dtype()), "fill_");
+}
+Tensor& Tensor::copy_(const Tensor& src) { return inplace_copy(*this, src, "copy_"); }
 
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
   check_inplace(*this, "masked_fill_");
@@ -559,6 +564,16 @@ Tensor operator-(double a, const Tensor& b) { return rsub(b, a); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 Tensor operator/(double a, const Tensor& b) { return rdiv(b, a); }
 Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator<(const Tensor& a, double b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, double b) { return le(a, b); }
+Tensor operator>(const Tensor& a, double b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, double b) { return ge(a, b); }
+Tensor operator==(const Tensor& a, double b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, double b) { return ne(a, b); }
 Tensor operator!(const Tensor& mask) { return logical_not(mask); }
 Tensor operator&(const Tensor& a, const Tensor& b) { return logical_and(a, b); }
 Tensor operator|(const Tensor& a, const Tensor& b) { return logical_or(a, b); }

@@ -30,9 +30,8 @@ inline Tensor leaf(const Shape& shape, double scale = 1.0) {
 // Tensors agree elementwise: |a - b| <= atol + rtol |b|, with the same shape.
 inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6,
                          const std::string& what = "") {
-  BOOST_TEST_REQUIRE((a.shape() == b.shape()),
-                     what << ": shape " << fmt::format("{}", a.shape()) << " vs "
-                          << fmt::format("{}", b.shape()));
+  BOOST_TEST_REQUIRE((a.shape() == b.shape()), what << ": shape " << fmt::format("{}", a.shape())
+                                                    << " vs " << fmt::format("{}", b.shape()));
   const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
   double worst = 0;
   size_t at = 0;
@@ -43,8 +42,7 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
       at = i;
     }
   }
-  BOOST_TEST(worst <= 0.0, what << ": element " << at << " is " << x[at] << ", expected "
-                                << y[at]);
+  BOOST_TEST(worst <= 0.0, what << ": element " << at << " is " << x[at] << ", expected " << y[at]);
 }
 
 // Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
@@ -83,6 +81,63 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
     return;
   }
   BOOST_ERROR("expected an ember::Error mentioning " << *parts.begin());
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// gradcheck of f on leaves of `shapes`, then on the same values reached through non-contiguous
+// views: a transpose of dims 0 and -1, and a narrow of a wider leaf.
+inline void check_variants(const std::string& name, const Fn& f, const std::vector<Shape>& shapes) {
+  std::vector<Tensor> plain;
+  for (const Shape& s : shapes) plain.push_back(leaf(s));
+  check_gradient(f, plain, name);
+
+  std::vector<Tensor> swapped;
+  for (const Shape& s : shapes) {
+    Shape t = s;
+    if (t.size() >= 2) std::swap(t.front(), t.back());
+    swapped.push_back(leaf(t));
+  }
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> views;
+        for (const Tensor& x : in) views.push_back(x.dim() >= 2 ? x.transpose(0, -1) : x);
+        return f(views);
+      },
+      swapped, name + " (transposed)");
+
+  std::vector<Tensor> wide;
+  for (const Shape& s : shapes) {
+    Shape w = s;
+    if (!w.empty()) w.back() += 2;
+    wide.push_back(leaf(w));
+  }
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> views;
+        for (const Tensor& x : in)
+          views.push_back(x.dim() >= 1 ? x.narrow(-1, 1, x.size(-1) - 2) : x);
+        return f(views);
+      },
+      wide, name + " (narrowed)");
+}
+
+// f on golden inputs matches PyTorch in Float64 and, looser, in Float32.
+inline void check_golden(const Golden& g, const std::string& name, const Fn& f, int inputs) {
+  std::vector<Tensor> in64, in32;
+  for (int i = 0; i < inputs; ++i) {
+    Tensor x = g[name + ".in" + std::to_string(i)];
+    in64.push_back(x);
+    in32.push_back(x.to(kFloat32));
+  }
+  const Tensor expected = g[name + ".out"];
+  const Tensor out64 = f(in64);
+  if (expected.dtype() == kBool || expected.dtype() == kInt64) {
+    BOOST_TEST((out64.to_vector<int64_t>() == expected.to_vector<int64_t>()), name);
+    return;
+  }
+  expect_close(out64, expected, 1e-12, 1e-12, name + " (Float64)");
+  expect_close(f(in32), expected, 1e-5, 1e-5, name + " (Float32)");
 }
 
 }  // namespace ember::testing

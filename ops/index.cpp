@@ -1,0 +1,553 @@
+// Ops that gather, scatter or copy data into a new layout: repeat, repeat_interleave, cat, stack,
+// index_select, masked_select, triu/tril and sort. Tiling ops are one strided copy between two
+// views (no per-tile loops); their backwards view the gradient the same way and sum.
+#include "ops/index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "graph/autograd.h"
+#include "graph/copy.h"
+#include "graph/creation.h"
+#include "graph/strided.h"
+#include "ops/reduce.h"
+#include "ops/shape.h"
+
+namespace ember {
+
+namespace {
+
+void check_defined(const Tensor& t, std::string_view op) {
+  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
+}
+
+// t[..., start:start+length, ...] along dim, as a view without autograd.
+Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  Shape shape = t.shape();
+  shape[dim] = length;
+  return make_view(t, shape, t.strides(), t.storage_offset() + start * t.stride(dim));
+}
+
+// t[..., i, ...] along dim (that dim removed), as a view without autograd.
+Tensor select(const Tensor& t, int64_t dim, int64_t i) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return make_view(t, shape, strides, t.storage_offset() + i * t.stride(dim));
+}
+
+// Calls line(offsets) once for every line of `shape` along `dim`, with each operand's element
+// offset of that line's first element. The operands may differ in size along `dim` only. Lines
+// are independent: they run in parallel when there are many.
+template <size_t N, class F>
+void for_each_line(Shape shape, int64_t dim, const std::array<Shape, N>& strides, F line) {
+  shape[dim] = 1;
+  StridedLoop<N> loop(shape, strides);
+  loop.run([&](const auto& off, int64_t len, const auto& st) {
+    auto o = off;
+    for (int64_t i = 0; i < len; ++i) {
+      line(o);
+      for (size_t k = 0; k < N; ++k) o[k] += st[k];
+    }
+  });
+}
+
+}  // namespace
+
+// --- repeat
+
+// y = x tiled, viewed as (r0, s0, r1, s1, ...) with y[a, i, b, j, ...] = x[i, j, ...]:
+// dX = dY viewed the same way, summed over r0, r1, ...
+struct RepeatBackward final : Node {
+  explicit RepeatBackward(Shape tiled) : tiled_(std::move(tiled)) {}
+  std::string_view name() const override { return "RepeatBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    std::vector<int64_t> tile_dims;
+    for (size_t d = 0; d < tiled_.size(); d += 2) tile_dims.push_back(static_cast<int64_t>(d));
+    const Tensor summed = sum(reshape(grads[0], tiled_), tile_dims);
+    return {reshape(summed, input_shapes[0])};
+  }
+  Shape tiled_;
+};
+
+Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
+  check_defined(x, "repeat");
+  const int64_t nd = static_cast<int64_t>(repeats.size());
+  EMBER_CHECK(nd >= x.dim(),
+              "repeat: number of repeats ({}) can not be smaller than number of dims ({})", nd,
+              x.dim());
+  for (int64_t r : repeats)
+    EMBER_CHECK(r >= 0, "repeat: repeats must be non-negative, got {} for shape {}", repeats,
+                x.shape());
+  // out (r0*s0, r1*s1, ...) is written as (r0, s0, r1, s1, ...) from x viewed as
+  // (1, s0, 1, s1, ...) with stride 0 along the r-dims; x's missing leading dims have s = 1.
+  const int64_t lead = nd - x.dim();
+  Shape out_shape(nd), tiled(2 * nd), src_shape(2 * nd, 1), src_strides(2 * nd, 0);
+  for (int64_t d = 0; d < nd; ++d) {
+    const int64_t s = d < lead ? 1 : x.size(d - lead);
+    out_shape[d] = repeats[d] * s;
+    tiled[2 * d] = repeats[d];
+    tiled[2 * d + 1] = src_shape[2 * d + 1] = s;
+    src_strides[2 * d + 1] = d < lead ? 0 : x.stride(d - lead);
+  }
+  Tensor out = empty(out_shape, x.dtype());
+  if (out.numel() > 0)
+    copy_into(make_view(out, tiled, contiguous_strides(tiled), 0),
+              make_view(x, src_shape, src_strides, x.storage_offset()));
+  if (any_requires_grad(x)) connect(std::make_shared<RepeatBackward>(tiled), {x}, out);
+  return out;
+}
+
+// --- repeat_interleave
+
+// y = x with each slice along dim repeated r times, viewed as (..., n, r, ...):
+// dX = dY viewed so, summed over the r-dim
+struct RepeatInterleaveBackward final : Node {
+  RepeatInterleaveBackward(Shape split, int64_t dim) : split_(std::move(split)), dim_(dim) {}
+  std::string_view name() const override { return "RepeatInterleaveBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {sum(reshape(grads[0], split_), {dim_ + 1})};
+  }
+  Shape split_;
+  int64_t dim_;
+};
+
+Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
+  check_defined(x, "repeat_interleave");
+  EMBER_CHECK(repeats >= 0, "repeat_interleave: repeats must be non-negative, got {}", repeats);
+  EMBER_CHECK(x.dim() > 0,
+              "repeat_interleave: dim {} given for a 0-d tensor (use repeat_interleave(x, "
+              "repeats) to repeat its one element)",
+              dim);
+  const int64_t d = wrap_dim(dim, x.dim(), "repeat_interleave");
+  // out (..., n*r, ...) is written as (..., n, r, ...) from x viewed as (..., n, 1, ...).
+  Shape out_shape = x.shape(), split = x.shape(), src_shape = x.shape(), src_strides = x.strides();
+  out_shape[d] *= repeats;
+  split.insert(split.begin() + d + 1, repeats);
+  src_shape.insert(src_shape.begin() + d + 1, 1);
+  src_strides.insert(src_strides.begin() + d + 1, 0);
+  Tensor out = empty(out_shape, x.dtype());
+  if (out.numel() > 0)
+    copy_into(make_view(out, split, contiguous_strides(split), 0),
+              make_view(x, src_shape, src_strides, x.storage_offset()));
+  if (any_requires_grad(x)) connect(std::make_shared<RepeatInterleaveBackward>(split, d), {x}, out);
+  return out;
+}
+
+Tensor repeat_interleave(const Tensor& x, int64_t repeats) {
+  check_defined(x, "repeat_interleave");
+  return repeat_interleave(flatten(x), repeats, 0);
+}
+
+// --- cat and stack
+
+// y = cat(x_0, x_1, ...) along dim:  dX_i = dY[..., offset_i : offset_i + size_i, ...], a view;
+// for stack, dX_i = dY[..., i, ...].
+struct CatBackward final : Node {
+  CatBackward(std::string_view name, int64_t dim, std::vector<int64_t> sizes, bool stacked)
+      : name_(name), dim_(dim), sizes_(std::move(sizes)), stacked_(stacked) {}
+  std::string_view name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> grad_inputs(sizes_.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      if (needs_grad(i))
+        grad_inputs[i] =
+            stacked_ ? select(g, dim_, static_cast<int64_t>(i)) : slice(g, dim_, offset, sizes_[i]);
+      offset += sizes_[i];
+    }
+    return grad_inputs;
+  }
+  std::string_view name_;
+  int64_t dim_;
+  std::vector<int64_t> sizes_;
+  bool stacked_;
+};
+
+namespace {
+
+// The checks cat and stack share: a non-empty list of defined tensors of one dtype and rank.
+void check_list(const std::vector<Tensor>& tensors, std::string_view op) {
+  EMBER_CHECK(!tensors.empty(), "{}: expected a non-empty list of tensors", op);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EMBER_CHECK(tensors[i].defined(), "{}: tensor {} is undefined", op, i);
+    const Tensor &t = tensors[i], &first = tensors[0];
+    EMBER_CHECK(t.dtype() == first.dtype(),
+                "{}: tensor {} (shape {}) is {} but tensor 0 (shape {}) is {}", op, i, t.shape(),
+                t.dtype(), first.shape(), first.dtype());
+    EMBER_CHECK(t.dim() == first.dim(),
+                "{}: tensor {} has {} dims (shape {}) but tensor 0 has {} (shape {})", op, i,
+                t.dim(), t.shape(), first.dim(), first.shape());
+  }
+}
+
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  check_list(tensors, "cat");
+  const Tensor& first = tensors[0];
+  EMBER_CHECK(first.dim() > 0, "cat: zero-dimensional tensor 0 cannot be concatenated");
+  const int64_t d = wrap_dim(dim, first.dim(), "cat");
+  Shape out_shape = first.shape();
+  out_shape[d] = 0;
+  std::vector<int64_t> sizes(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    for (int64_t k = 0; k < t.dim(); ++k)
+      EMBER_CHECK(k == d || t.size(k) == first.size(k),
+                  "cat: sizes must match except in dim {}: tensor {} has shape {} but tensor 0 "
+                  "has shape {}",
+                  d, i, t.shape(), first.shape());
+    sizes[i] = t.size(d);
+    out_shape[d] += sizes[i];
+  }
+  Tensor out = empty(out_shape, first.dtype());
+  int64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].numel() > 0) copy_into(slice(out, d, offset, sizes[i]), tensors[i]);
+    offset += sizes[i];
+  }
+  if (any_requires_grad(tensors))
+    connect(std::make_shared<CatBackward>("CatBackward", d, std::move(sizes), false), tensors, out);
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  check_list(tensors, "stack");
+  const Tensor& first = tensors[0];
+  for (size_t i = 0; i < tensors.size(); ++i)
+    EMBER_CHECK(tensors[i].shape() == first.shape(),
+                "stack: all tensors must have one shape: tensor {} has shape {} but tensor 0 has "
+                "shape {}",
+                i, tensors[i].shape(), first.shape());
+  const int64_t d = wrap_dim(dim, first.dim() + 1, "stack");
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  Shape out_shape = first.shape();
+  out_shape.insert(out_shape.begin() + d, n);
+  Tensor out = empty(out_shape, first.dtype());
+  if (out.numel() > 0)
+    for (int64_t i = 0; i < n; ++i) copy_into(select(out, d, i), tensors[i]);
+  if (any_requires_grad(tensors))
+    connect(std::make_shared<CatBackward>("StackBackward", d, std::vector<int64_t>(n, 1), true),
+            tensors, out);
+  return out;
+}
+
+// --- index_select
+
+namespace {
+
+// out (pre, K, post) = x (pre, N, post) at idx (K) along dim.
+template <class T>
+void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tensor& out) {
+  const int64_t n = x.size(dim), k_count = out.size(dim);
+  const T* px = x.data<T>();
+  T* po = out.data<T>();
+  if (x.is_contiguous()) {
+    int64_t pre = 1, post = 1;
+    for (int64_t d = 0; d < dim; ++d) pre *= x.size(d);
+    for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
+#pragma omp parallel for if (out.numel() >= kParallelGrain && pre * k_count > 1)
+    for (int64_t r = 0; r < pre * k_count; ++r) {
+      const int64_t p = r / k_count, k = r % k_count;
+      std::copy_n(px + (p * n + idx[k]) * post, post, po + r * post);
+    }
+    return;
+  }
+  const int64_t sx = x.stride(dim), so = out.stride(dim);
+  for_each_line<2>(out.shape(), dim, {out.strides(), x.strides()}, [&](const auto& off) {
+    for (int64_t k = 0; k < k_count; ++k) po[off[0] + k * so] = px[off[1] + idx[k] * sx];
+  });
+}
+
+}  // namespace
+
+// y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate)
+struct IndexSelectBackward final : Node {
+  IndexSelectBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::string_view name() const override { return "IndexSelectBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor index = index_.get().contiguous();
+    const int64_t* idx = index.data<int64_t>();
+    const int64_t k_count = g.size(dim_);
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    dispatch_float(g.dtype(), "index_select", [&]<class T>() {
+      const T* pg = g.data<T>();
+      T* px = grad_x.data<T>();
+      const int64_t sg = g.stride(dim_), sx = grad_x.stride(dim_);
+      // Each line of dY along dim adds into its own line of dX: lines never collide.
+      for_each_line<2>(g.shape(), dim_, {grad_x.strides(), g.strides()}, [&](const auto& off) {
+        for (int64_t k = 0; k < k_count; ++k) px[off[0] + idx[k] * sx] += pg[off[1] + k * sg];
+      });
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  check_defined(x, "index_select");
+  check_defined(index, "index_select");
+  EMBER_CHECK(index.dtype() == kInt64, "index_select: index must be Int64, got {} (shape {})",
+              index.dtype(), index.shape());
+  EMBER_CHECK(index.dim() <= 1, "index_select: index must be 1-D, got shape {}", index.shape());
+  if (x.dim() == 0) {
+    EMBER_CHECK(index.numel() == 1,
+                "index_select: a 0-d tensor takes exactly one index, got {} (shape {})",
+                index.numel(), index.shape());
+    return reshape(index_select(reshape(x, {1}), dim, index.reshape({1})), {});
+  }
+  const int64_t d = wrap_dim(dim, x.dim(), "index_select");
+  const Tensor idx = index.contiguous();
+  const int64_t* pi = idx.data<int64_t>();
+  for (int64_t k = 0; k < idx.numel(); ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < x.size(d),
+                "index_select: index {} out of range for dim {} of size {} (shape {})", pi[k], d,
+                x.size(d), x.shape());
+  Shape out_shape = x.shape();
+  out_shape[d] = idx.numel();
+  Tensor out = empty(out_shape, x.dtype());
+  if (out.numel() > 0) dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
+  if (any_requires_grad(x)) connect(std::make_shared<IndexSelectBackward>(d, idx), {x}, out);
+  return out;
+}
+
+// --- masked_select
+
+// y = x[mask] (x and mask broadcast to one shape, read in row-major order):
+// dX = zeros of the broadcast shape with dY written at the mask's true positions (the engine
+// then sums it down to x's shape)
+struct MaskedSelectBackward final : Node {
+  MaskedSelectBackward(const Tensor& mask, Shape shape) : shape_(std::move(shape)) {
+    save(mask_, mask);
+  }
+  std::string_view name() const override { return "MaskedSelectBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor& mask = mask_.get();
+    Tensor grad_x = zeros(shape_, g.dtype());
+    dispatch_float(g.dtype(), "masked_select", [&]<class T>() {
+      const T* pg = g.data<T>();
+      const bool* pm = mask.data<bool>();
+      T* px = grad_x.data<T>();
+      const int64_t sg = g.dim() == 0 ? 0 : g.stride(0);
+      int64_t k = 0;
+      StridedLoop<2> loop(shape_, {grad_x.strides(), broadcast_strides(mask, shape_)});
+      loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+        for (int64_t i = 0; i < len; ++i)
+          if (pm[off[1] + i * st[1]]) px[off[0] + i * st[0]] = pg[sg * k++];
+      });
+    });
+    return {grad_x};
+  }
+  Shape shape_;
+  SavedTensor mask_;
+};
+
+Tensor masked_select(const Tensor& x, const Tensor& mask) {
+  check_defined(x, "masked_select");
+  check_defined(mask, "masked_select");
+  EMBER_CHECK(mask.dtype() == kBool, "masked_select: mask must be Bool, got {} (shape {})",
+              mask.dtype(), mask.shape());
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
+  const Shape mask_strides = broadcast_strides(mask, shape);
+  const bool* pm = mask.data<bool>();
+  int64_t count = 0;
+  StridedLoop<1>(shape, {mask_strides})
+      .run_serial([&](const auto& off, int64_t len, const auto& st) {
+        for (int64_t i = 0; i < len; ++i) count += pm[off[0] + i * st[0]];
+      });
+  Tensor out = empty({count}, x.dtype());
+  dispatch_all(x.dtype(), [&]<class T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    int64_t k = 0;
+    StridedLoop<2> loop(shape, {broadcast_strides(x, shape), mask_strides});
+    loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+      for (int64_t i = 0; i < len; ++i)
+        if (pm[off[1] + i * st[1]]) po[k++] = px[off[0] + i * st[0]];
+    });
+  });
+  if (any_requires_grad(x)) connect(std::make_shared<MaskedSelectBackward>(mask, shape), {x}, out);
+  return out;
+}
+
+// --- triu and tril
+
+namespace {
+
+// out = x with the elements outside the triangle zeroed, for every matrix (M, N) of the last
+// two dims: triu keeps j - i >= diagonal, tril keeps j - i <= diagonal.
+Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
+  const int64_t nd = x.dim(), m = x.size(-2), n = x.size(-1);
+  Tensor out = empty(x.shape(), x.dtype());
+  if (out.numel() == 0) return out;
+  Shape batch = x.shape();
+  batch[nd - 2] = batch[nd - 1] = 1;
+  const int64_t sr = x.stride(-2), sc = x.stride(-1);
+  dispatch_all(x.dtype(), [&]<class T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    StridedLoop<2> loop(batch, {out.strides(), x.strides()});
+    loop.run([&](const auto& off, int64_t len, const auto& st) {
+      for (int64_t b = 0; b < len; ++b) {
+        const T* src = px + off[1] + b * st[1];
+        T* dst = po + off[0] + b * st[0];
+        for (int64_t i = 0; i < m; ++i, dst += n, src += sr) {
+          // Columns [begin, end) are kept, the rest zeroed.
+          const int64_t edge = std::clamp<int64_t>(i + diagonal + (upper ? 0 : 1), 0, n);
+          const int64_t begin = upper ? edge : 0, end = upper ? n : edge;
+          std::fill(dst, dst + begin, T(0));
+          for (int64_t j = begin; j < end; ++j) dst[j] = src[j * sc];
+          std::fill(dst + end, dst + n, T(0));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+// y = x * triangle mask:  dX = dY * the same mask
+struct TriangleBackward final : Node {
+  TriangleBackward(int64_t diagonal, bool upper) : diagonal_(diagonal), upper_(upper) {}
+  std::string_view name() const override { return upper_ ? "TriuBackward" : "TrilBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {triangle(grads[0], diagonal_, upper_)};
+  }
+  int64_t diagonal_;
+  bool upper_;
+};
+
+namespace {
+Tensor record_triangle(const Tensor& x, int64_t diagonal, bool upper, std::string_view op) {
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() >= 2, "{}: expected a tensor of at least 2 dims, got shape {}", op,
+              x.shape());
+  Tensor out = triangle(x, diagonal, upper);
+  if (any_requires_grad(x)) connect(std::make_shared<TriangleBackward>(diagonal, upper), {x}, out);
+  return out;
+}
+}  // namespace
+
+Tensor triu(const Tensor& x, int64_t diagonal) {
+  return record_triangle(x, diagonal, true, "triu");
+}
+Tensor tril(const Tensor& x, int64_t diagonal) {
+  return record_triangle(x, diagonal, false, "tril");
+}
+
+// --- sort
+
+namespace {
+
+// Whether a sorts strictly before b; NaN counts as larger than every number, as torch.
+template <class T, bool Descending>
+bool sorts_before(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return Descending ? !std::isnan(b) : !std::isnan(a);
+  }
+  return Descending ? a > b : a < b;
+}
+
+// values/indices = x sorted along dim, stable: equal elements keep their order.
+template <class T, bool Descending>
+void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tensor& indices) {
+  const int64_t n = x.size(dim), sx = x.stride(dim), sv = values.stride(dim),
+                si = indices.stride(dim);
+  const T* px = x.data<T>();
+  T* pv = values.data<T>();
+  int64_t* pi = indices.data<int64_t>();
+  const auto before = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
+    return sorts_before<T, Descending>(a.first, b.first);
+  };
+  for_each_line<3>(x.shape(), dim, {x.strides(), values.strides(), indices.strides()},
+                   [&](const auto& off) {
+                     thread_local std::vector<std::pair<T, int64_t>> line;
+                     line.resize(n);
+                     for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
+                     if (n <= 16) {  // insertion sort: stable, no allocation
+                       for (int64_t j = 1; j < n; ++j) {
+                         const auto v = line[j];
+                         int64_t k = j;
+                         for (; k > 0 && before(v, line[k - 1]); --k) line[k] = line[k - 1];
+                         line[k] = v;
+                       }
+                     } else {
+                       std::stable_sort(line.begin(), line.end(), before);
+                     }
+                     for (int64_t j = 0; j < n; ++j) {
+                       pv[off[1] + j * sv] = line[j].first;
+                       pi[off[2] + j * si] = line[j].second;
+                     }
+                   });
+}
+
+}  // namespace
+
+// values[..., k, ...] = x[..., indices[k], ...] along dim:  dX[..., indices[k], ...] = dValues[k]
+struct SortBackward final : Node {
+  SortBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
+  std::string_view name() const override { return "SortBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor& indices = indices_.get();
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    dispatch_float(g.dtype(), "sort", [&]<class T>() {
+      const T* pg = g.data<T>();
+      const int64_t* pi = indices.data<int64_t>();
+      T* px = grad_x.data<T>();
+      const int64_t n = g.size(dim_), sx = grad_x.stride(dim_), sg = g.stride(dim_),
+                    si = indices.stride(dim_);
+      for_each_line<3>(g.shape(), dim_, {grad_x.strides(), g.strides(), indices.strides()},
+                       [&](const auto& off) {
+                         for (int64_t k = 0; k < n; ++k)
+                           px[off[0] + pi[off[2] + k * si] * sx] = pg[off[1] + k * sg];
+                       });
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor indices_;
+};
+
+SortResult sort(const Tensor& x, int64_t dim, bool descending) {
+  check_defined(x, "sort");
+  const int64_t d = wrap_dim(dim, x.dim(), "sort");
+  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
+  Tensor values = empty(x.shape(), x.dtype()), indices = empty(x.shape(), kInt64);
+  if (x.numel() > 0) {
+    dispatch_all(x.dtype(), [&]<class T>() {
+      if (descending)
+        sort_kernel<T, true>(x, d, values, indices);
+      else
+        sort_kernel<T, false>(x, d, values, indices);
+    });
+  }
+  if (any_requires_grad(x)) connect(std::make_shared<SortBackward>(d, indices), {x}, values);
+  return {values, indices};
+}
+
+// --- methods
+
+Tensor Tensor::repeat(std::vector<int64_t> r) const { return ember::repeat(*this, std::move(r)); }
+Tensor Tensor::repeat_interleave(int64_t r) const { return ember::repeat_interleave(*this, r); }
+Tensor Tensor::repeat_interleave(int64_t r, int64_t d) const {
+  return ember::repeat_interleave(*this, r, d);
+}
+Tensor Tensor::index_select(int64_t d, const Tensor& i) const {
+  return ember::index_select(*this, d, i);
+}
+Tensor Tensor::masked_select(const Tensor& m) const { return ember::masked_select(*this, m); }
+Tensor Tensor::triu(int64_t diagonal) const { return ember::triu(*this, diagonal); }
+Tensor Tensor::tril(int64_t diagonal) const { return ember::tril(*this, diagonal); }
+SortResult Tensor::sort(int64_t d, bool descending) const {
+  return ember::sort(*this, d, descending);
+}
+
+}  // namespace ember

@@ -1,0 +1,475 @@
+// Linear algebra on OpenBLAS: matmul (torch.matmul's rules), bmm and linear, with their backward
+// Nodes. Every product ends in cblas_sgemm / cblas_dgemm, and every operand goes to BLAS as it
+// lies in memory (Note [BLAS layouts]): a transposed view is a transpose flag, not a copy. So the
+// backwards are written as plain products with transposed views (dA = dC · Bᵀ) and cost no
+// transposes.
+#include "ops/linalg.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <cblas.h>
+
+#include "graph/autograd.h"
+#include "graph/copy.h"
+#include "graph/strided.h"
+#include "ops/reduce.h"
+
+namespace ember {
+
+namespace {
+
+// Note [BLAS layouts]
+// A (rows, cols) matrix with element strides (rs, cs) is, to row-major cblas:
+//  - NoTrans with ld = rs when cs == 1 and rows do not overlap (rs >= cols): row-major;
+//  - Trans with ld = cs when rs == 1 and cs >= rows: the transpose of a row-major (cols, rows)
+//    matrix, which is what transpose(x, -1, -2) of a contiguous x is;
+//  - neither otherwise (a stride-0 expanded dim, a strided column): only then it is copied.
+// The stride of a size-1 dim is never read, so it constrains nothing.
+struct BlasLayout {
+  CBLAS_TRANSPOSE trans;
+  int64_t ld;
+};
+
+std::optional<BlasLayout> blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const int64_t r = std::max<int64_t>(rows, 1), c = std::max<int64_t>(cols, 1);
+  if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= c))
+    return BlasLayout{CblasNoTrans, rows <= 1 ? c : rs};
+  if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r))
+    return BlasLayout{CblasTrans, cols <= 1 ? r : cs};
+  return std::nullopt;
+}
+
+std::optional<BlasLayout> blas_layout(const Tensor& x) {  // of x's last two dims
+  const int64_t d = x.dim();
+  return blas_layout(x.size(d - 2), x.size(d - 1), x.stride(d - 2), x.stride(d - 1));
+}
+
+// The same memory read as the transposed matrix.
+BlasLayout flipped(BlasLayout l) {
+  return {l.trans == CblasNoTrans ? CblasTrans : CblasNoTrans, l.ld};
+}
+
+Tensor dense_copy(const Tensor& x) {
+  Tensor out = empty(x.shape(), x.dtype());
+  copy_into(out, x);
+  return out;
+}
+
+// A matrix operand (..., rows, cols) as BLAS reads it: the view itself when its layout allows,
+// else a dense copy (kept alive here).
+struct Operand {
+  Tensor t;
+  BlasLayout layout;
+};
+
+Operand blas_operand(const Tensor& x) {
+  if (std::optional<BlasLayout> l = blas_layout(x)) return {x, *l};
+  Tensor dense = dense_copy(x);
+  return {dense, *blas_layout(dense)};
+}
+
+// C (m, n) row-major with leading dim ldc = alpha · op(A) · op(B) + beta · C, op(A) (m, k).
+template <class T>
+void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la, const T* b,
+               BlasLayout lb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: BLAS would reject the leading dims of the empty operands
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  const auto i = [](int64_t v) { return static_cast<blasint>(v); };
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
+                i(lb.ld), beta, c, i(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
+                i(lb.ld), beta, c, i(ldc));
+  }
+}
+
+// Up to this much work per matrix (m·n·k), a plain loop beats a BLAS call's fixed cost (as in
+// PyTorch's small-bmm path): the batched dot products of attention pooling, tiny heads.
+constexpr int64_t kSmallGemmWork = 512;
+
+// A matrix read through its strides, for the plain loop.
+template <class T>
+struct StridedMatrix {
+  T* p;
+  int64_t rs, cs;
+};
+
+template <class T>
+StridedMatrix<T> strided(const Tensor& x) {
+  return {x.data<std::remove_const_t<T>>(), x.stride(x.dim() - 2), x.stride(x.dim() - 1)};
+}
+
+// C (m, n) = alpha · A (m, k) · B (k, n) + beta · C for small matrices, read through any strides.
+template <class T>
+void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+                StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      T acc = 0;
+      for (int64_t l = 0; l < k; ++l) acc += a.p[i * a.rs + l * a.cs] * b.p[l * b.rs + j * b.cs];
+      T& out = c.p[i * c.rs + j * c.cs];
+      out = beta == T(0) ? alpha * acc : alpha * acc + beta * out;
+    }
+  }
+}
+
+// c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
+// A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ.
+template <class T>
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
+  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
+  if (m * n * k <= kSmallGemmWork) {
+    small_gemm<T>(m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta, strided<T>(c));
+    return;
+  }
+  const Operand oa = blas_operand(a), ob = blas_operand(b);
+  const BlasLayout lc = *blas_layout(c);
+  if (lc.trans == CblasNoTrans) {
+    blas_gemm<T>(m, n, k, alpha, oa.t.data<T>(), oa.layout, ob.t.data<T>(), ob.layout, beta,
+                 c.data<T>(), lc.ld);
+  } else {
+    blas_gemm<T>(n, m, k, alpha, ob.t.data<T>(), flipped(ob.layout), oa.t.data<T>(),
+                 flipped(oa.layout), beta, c.data<T>(), lc.ld);
+  }
+}
+
+// Storage offsets (from x's first element) of x's matrices for every index of `batch`, which
+// x's batch dims (all but the last two) broadcast to: stride 0 along broadcast dims.
+std::vector<int64_t> batch_offsets(const Tensor& x, const Shape& batch) {
+  const size_t nb = batch.size(), lead = nb - (x.dim() - 2);
+  Shape strides(nb, 0);
+  for (size_t d = lead; d < nb; ++d) strides[d] = x.size(d - lead) == 1 ? 0 : x.stride(d - lead);
+  std::vector<int64_t> offsets(shape_numel(batch));
+  Shape index(nb, 0);
+  int64_t off = 0;
+  for (int64_t& o : offsets) {
+    o = off;
+    for (int64_t d = static_cast<int64_t>(nb) - 1; d >= 0; --d) {
+      off += strides[d];
+      if (++index[d] < batch[d]) break;
+      off -= strides[d] * batch[d];
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
+// Up to this much work per matrix (m·n·k), OpenBLAS runs a gemm on one thread anyway (its SMP
+// threshold, 65536 · GEMM_MULTITHREAD_THRESHOLD 4), so a batch of such products runs in
+// parallel over the batch; larger ones run one after another and BLAS threads each. Never
+// both: OpenBLAS's OpenMP build runs single-threaded inside a parallel region.
+constexpr int64_t kBlasSerialWork = 65536 * 4;
+
+// out (batch..., m, n), contiguous = a (..., m, k) · b (..., k, n), whose batch dims broadcast
+// to `batch`. Small matrices run the plain loop on their strides (no copies), the others BLAS.
+template <class T>
+void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
+  const Shape batch(out.shape().begin(), out.shape().end() - 2);
+  const bool small = work <= kSmallGemmWork;
+  const Operand oa = small ? Operand{a, {}} : blas_operand(a);
+  const Operand ob = small ? Operand{b, {}} : blas_operand(b);
+  const std::vector<int64_t> off_a = batch_offsets(oa.t, batch), off_b = batch_offsets(ob.t, batch);
+  const StridedMatrix<const T> sa = strided<const T>(oa.t), sb = strided<const T>(ob.t);
+  T* pc = out.data<T>();
+  const int64_t count = static_cast<int64_t>(off_a.size());
+  const bool parallel = count > 1 && work <= kBlasSerialWork && count * work >= kParallelGrain;
+#pragma omp parallel for if (parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    if (small) {
+      small_gemm<T>(m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs}, {sb.p + off_b[i], sb.rs, sb.cs},
+                    T(0), {pc + i * m * n, n, 1});
+    } else {
+      blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
+                   pc + i * m * n, n);
+    }
+  }
+}
+
+// x (..., c) as a 2-D (N, c) view when its leading dims fold into one dim of rows.
+std::optional<Tensor> fold_rows(const Tensor& x) {
+  const int64_t c = x.size(-1);
+  int64_t rows = 1, row_stride = c, next = -1;  // next: the stride the next outer dim must have
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    if (next >= 0 && x.stride(d) != next) return std::nullopt;
+    if (next < 0) row_stride = x.stride(d);
+    next = x.stride(d) * x.size(d);
+    rows *= x.size(d);
+  }
+  return make_view(x, {rows, c}, {row_stride, x.stride(-1)}, x.storage_offset());
+}
+
+// x (..., c) as (N, c) rows: a view when the leading dims fold, else a dense copy's view.
+Tensor rows_of(const Tensor& x) {
+  if (std::optional<Tensor> r = fold_rows(x)) return *r;
+  return *fold_rows(dense_copy(x));
+}
+
+// The transpose of x's last two dims, as a view (no autograd).
+Tensor mT(const Tensor& x) {
+  Shape shape = x.shape(), strides = x.strides();
+  std::swap(shape[x.dim() - 1], shape[x.dim() - 2]);
+  std::swap(strides[x.dim() - 1], strides[x.dim() - 2]);
+  return make_view(x, shape, strides, x.storage_offset());
+}
+
+// x with a size-1 dim inserted at d, or the size-1 dim d removed, as views (no autograd).
+Tensor unsqueeze_view(const Tensor& x, int64_t d) {
+  Shape shape = x.shape(), strides = x.strides();
+  shape.insert(shape.begin() + d, 1);
+  strides.insert(strides.begin() + d, d < x.dim() ? x.stride(d) * x.size(d) : 1);
+  return make_view(x, shape, strides, x.storage_offset());
+}
+Tensor drop_dim(const Tensor& x, int64_t d) {
+  Shape shape = x.shape(), strides = x.strides();
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  return make_view(x, shape, strides, x.storage_offset());
+}
+
+// torch.matmul's unit dims: a 1-D left operand is a row (1, k), a 1-D right operand a column.
+Tensor as_left_matrix(const Tensor& a) { return a.dim() == 1 ? unsqueeze_view(a, 0) : a; }
+Tensor as_right_matrix(const Tensor& b) { return b.dim() == 1 ? unsqueeze_view(b, 1) : b; }
+
+// The broadcast of a's and b's batch dims (all but the last two; both at least 2-D). Shapes
+// shown in errors are the user's, before any unit dims were added.
+Shape batch_shape(const Tensor& a, const Tensor& b, const Shape& user_a, const Shape& user_b) {
+  const int64_t na = a.dim() - 2, nb = b.dim() - 2, n = std::max(na, nb);
+  Shape batch(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - na ? 1 : a.size(i - (n - na));
+    const int64_t db = i < n - nb ? 1 : b.size(i - (n - nb));
+    EMBER_CHECK(da == db || da == 1 || db == 1,
+                "matmul: batch dims of shapes {} and {} cannot be broadcast ({} vs {})", user_a,
+                user_b, da, db);
+    batch[i] = da == 1 ? db : da;
+  }
+  return batch;
+}
+
+// a (..., m, k) · b (..., k, n) -> (batch..., m, n) with the batch dims broadcast; no autograd.
+// When b is one matrix and a's leading dims fold into rows, ((B, T, C) · (C, D), or 2-D · 2-D),
+// this is one gemm of (N, k) · (k, n).
+Tensor mm(const Tensor& a, const Tensor& b, const Shape& batch) {
+  const int64_t n = b.size(-1);
+  Shape shape = batch;
+  shape.push_back(a.size(-2));
+  shape.push_back(n);
+  Tensor out = empty(shape, a.dtype());
+  dispatch_float(a.dtype(), "matmul", [&]<class T>() {
+    std::optional<Tensor> rows = b.dim() == 2 ? fold_rows(a) : std::nullopt;
+    if (rows) {
+      gemm_into<T>(*rows, b, make_view(out, {rows->size(0), n}, {n, 1}, 0), T(1), T(0));
+    } else {
+      batched_gemm<T>(a, b, out);
+    }
+  });
+  return out;
+}
+Tensor mm(const Tensor& a, const Tensor& b) {
+  return mm(a, b, batch_shape(a, b, a.shape(), b.shape()));
+}
+
+void check_float_operands(const Tensor& a, const Tensor& b, std::string_view op) {
+  EMBER_CHECK(a.defined() && b.defined(), "{}: undefined tensor", op);
+  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
+              "{}: expected Float32 or Float64 tensors, got {} and {} (shapes {} and {})", op,
+              a.dtype(), b.dtype(), a.shape(), b.shape());
+}
+
+Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+}  // namespace
+
+// --- matmul
+
+// C = A · B with A (..., m, k), B (..., k, n), batch dims broadcast, 1-D operands unsqueezed:
+//   dA = dC · Bᵀ,   dB = Aᵀ · dC
+// each summed over A's or B's broadcast batch dims by the engine's sum_to; a 1-D operand's unit
+// dim is dropped again.
+struct MatmulBackward final : Node {
+  MatmulBackward(const Tensor& a, const Tensor& b) : a_vec_(a.dim() == 1), b_vec_(b.dim() == 1) {
+    if (b.requires_grad()) save(a_, as_left_matrix(a));
+    if (a.requires_grad()) save(b_, as_right_matrix(b));
+  }
+  std::string_view name() const override { return "MatmulBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    Tensor g = grads[0];  // back to (batch..., m, n)
+    if (a_vec_) g = unsqueeze_view(g, g.dim() - (b_vec_ ? 0 : 1));
+    if (b_vec_) g = unsqueeze_view(g, g.dim());
+    Tensor grad_a, grad_b;
+    if (needs_grad(0)) {
+      // dA = dC · Bᵀ
+      grad_a = mm(g, mT(b_.get()));
+      if (a_vec_) grad_a = drop_dim(grad_a, grad_a.dim() - 2);
+    }
+    if (needs_grad(1)) {
+      const Tensor& a = a_.get();
+      if (input_shapes[1].size() <= 2) {
+        // dB = Σ_batch Aᵀ · dC = A_rowsᵀ · dC_rows: the batch sum folds into one product
+        const Tensor a_rows = rows_of(a), g_rows = rows_of(g);
+        grad_b = empty({a_rows.size(1), g_rows.size(1)}, g.dtype());
+        gemm(mT(a_rows), g_rows, grad_b);
+      } else {
+        // dB = Aᵀ · dC
+        grad_b = mm(mT(a), g);
+      }
+      if (b_vec_) grad_b = drop_dim(grad_b, grad_b.dim() - 1);
+    }
+    return {grad_a, grad_b};
+  }
+  bool a_vec_, b_vec_;
+  SavedTensor a_, b_;
+};
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_float_operands(a, b, "matmul");
+  EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
+              "matmul: both arguments need at least 1 dim, got shapes {} and {}", a.shape(),
+              b.shape());
+  const int64_t ka = a.size(-1), kb = b.size(b.dim() == 1 ? 0 : -2);
+  EMBER_CHECK(ka == kb, "matmul: shapes {} and {} cannot be multiplied ({} != {})", a.shape(),
+              b.shape(), ka, kb);
+  const DType dtype = promote(a.dtype(), b.dtype());
+  const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
+  const Tensor a2 = as_left_matrix(x), b2 = as_right_matrix(y);
+  const Shape batch = batch_shape(a2, b2, a.shape(), b.shape());
+  Tensor out = mm(a2, b2, batch);
+  Shape shape = batch;  // the unit dims of 1-D operands removed again
+  if (a.dim() > 1) shape.push_back(a2.size(-2));
+  if (b.dim() > 1) shape.push_back(b2.size(-1));
+  if (shape != out.shape()) out = make_view(out, shape, contiguous_strides(shape), 0);
+  if (any_requires_grad(x, y)) connect(std::make_shared<MatmulBackward>(x, y), {x, y}, out);
+  return out;
+}
+
+// --- bmm
+
+// C = A · B, A (n, p, q), B (n, q, r):  dA = dC · Bᵀ,  dB = Aᵀ · dC
+struct BmmBackward final : Node {
+  BmmBackward(const Tensor& a, const Tensor& b) {
+    if (b.requires_grad()) save(a_, a);
+    if (a.requires_grad()) save(b_, b);
+  }
+  std::string_view name() const override { return "BmmBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    return {needs_grad(0) ? mm(g, mT(b_.get())) : Tensor(),
+            needs_grad(1) ? mm(mT(a_.get()), g) : Tensor()};
+  }
+  SavedTensor a_, b_;
+};
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_float_operands(a, b, "bmm");
+  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes {} and {}",
+              a.shape(), b.shape());
+  EMBER_CHECK(a.size(0) == b.size(0), "bmm: batch sizes of shapes {} and {} differ ({} != {})",
+              a.shape(), b.shape(), a.size(0), b.size(0));
+  EMBER_CHECK(a.size(2) == b.size(1), "bmm: shapes {} and {} cannot be multiplied ({} != {})",
+              a.shape(), b.shape(), a.size(2), b.size(1));
+  const DType dtype = promote(a.dtype(), b.dtype());
+  const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
+  Tensor out = mm(x, y, {x.size(0)});
+  if (any_requires_grad(x, y)) connect(std::make_shared<BmmBackward>(x, y), {x, y}, out);
+  return out;
+}
+
+// --- linear
+
+// y = x · Wᵀ + b over rows, x (N, in) (its leading dims flattened), W (out, in), b (out):
+//   dX = dY · W,   dW = dYᵀ · X,   db = Σ_rows dY
+// Each is one gemm (or one reduction) over all N rows at once.
+struct LinearBackward final : Node {
+  LinearBackward(const Tensor& x, const Tensor& x_rows, const Tensor& weight) {
+    if (weight.requires_grad()) save(x_rows_, x_rows);
+    if (x.requires_grad()) save(weight_, weight);
+  }
+  std::string_view name() const override { return "LinearBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = rows_of(grads[0]);  // (N, out)
+    Tensor grad_x, grad_w, grad_b;
+    if (needs_grad(0)) {
+      // dX = dY · W
+      grad_x = empty(input_shapes[0], g.dtype());
+      gemm(g, weight_.get(),
+           make_view(grad_x, {g.size(0), input_shapes[1][1]}, {input_shapes[1][1], 1}, 0));
+    }
+    if (needs_grad(1)) {
+      // dW = dYᵀ · X
+      grad_w = empty(input_shapes[1], g.dtype());
+      gemm(mT(g), x_rows_.get(), grad_w);
+    }
+    // db = Σ_rows dY
+    if (needs_grad(2)) grad_b = sum(g, {0});
+    return {grad_x, grad_w, grad_b};
+  }
+  SavedTensor x_rows_, weight_;
+};
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_float_operands(x, weight, "linear");
+  EMBER_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got shape {}", x.shape());
+  EMBER_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out, in), got shape {}",
+              weight.shape());
+  EMBER_CHECK(x.size(-1) == weight.size(1),
+              "linear: input of shape {} has {} features, weight of shape {} expects {}", x.shape(),
+              x.size(-1), weight.shape(), weight.size(1));
+  DType dtype = promote(x.dtype(), weight.dtype());
+  if (bias.defined()) {
+    EMBER_CHECK(is_floating(bias.dtype()), "linear: expected a Float32 or Float64 bias, got {}",
+                bias.dtype());
+    EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+                "linear: bias of shape {} does not match the {} output features of weight of "
+                "shape {}",
+                bias.shape(), weight.size(0), weight.shape());
+    dtype = promote(dtype, bias.dtype());
+  }
+  const Tensor in = as_type(x, dtype), w = as_type(weight, dtype);
+  const Tensor b = bias.defined() ? as_type(bias, dtype) : Tensor();
+  const int64_t out_features = w.size(0);
+  Shape shape = in.shape();
+  shape.back() = out_features;
+  Tensor out = empty(shape, dtype);
+  // x (N, in) · Wᵀ (in, out) onto the bias pre-broadcast into every row of out (beta = 1)
+  const Tensor x_rows = rows_of(in);
+  const Tensor out_rows = make_view(out, {x_rows.size(0), out_features}, {out_features, 1}, 0);
+  if (b.defined()) copy_into(out_rows, b);
+  gemm(x_rows, mT(w), out_rows, 1.0, b.defined() ? 1.0 : 0.0);
+  if (any_requires_grad(in, w, b))
+    connect(std::make_shared<LinearBackward>(in, x_rows, w), {in, w, b}, out);
+  return out;
+}
+
+// --- gemm, the building block
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta) {
+  EMBER_CHECK(a.defined() && b.defined() && c.defined(), "gemm: undefined tensor");
+  EMBER_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
+              "gemm: expected 2-D tensors, got shapes {}, {} and {}", a.shape(), b.shape(),
+              c.shape());
+  EMBER_CHECK(a.size(1) == b.size(0) && c.size(0) == a.size(0) && c.size(1) == b.size(1),
+              "gemm: shapes {} and {} cannot be multiplied into {}", a.shape(), b.shape(),
+              c.shape());
+  EMBER_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype() && is_floating(c.dtype()),
+              "gemm: expected one Float32 or Float64 dtype, got {}, {} and {}", a.dtype(),
+              b.dtype(), c.dtype());
+  EMBER_CHECK(blas_layout(c).has_value(),
+              "gemm: output of shape {} and strides {} is neither row- nor column-major", c.shape(),
+              c.strides());
+  dispatch_float(c.dtype(), "gemm", [&]<class T>() {
+    gemm_into<T>(a, b, c, static_cast<T>(alpha), static_cast<T>(beta));
+  });
+}
+
+Tensor Tensor::matmul(const Tensor& other) const { return ember::matmul(*this, other); }
+Tensor Tensor::bmm(const Tensor& other) const { return ember::bmm(*this, other); }
+
+}  // namespace ember

@@ -1,0 +1,373 @@
+// Losses with torch semantics and Reduction::{None, Mean, Sum}. Each loss computes its
+// per-element (or per-row) values and reduces them in double inside one op, with one fused
+// backward Node: no chain of generic ops, nothing materialised that the backward does not read.
+#include "ops/loss.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/strided.h"
+#include "ops/elementwise.h"
+#include "ops/kernels.h"
+
+namespace ember {
+
+namespace {
+
+void check_defined(const Tensor& t, std::string_view op) {
+  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
+}
+
+// Sum (or mean over `count`) of n values as a 0-d tensor of T.
+template <class T, class V>
+Tensor reduce_values(const V* values, int64_t n, Reduction reduction, double count) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(values[i]);
+  if (reduction == Reduction::Mean) s /= count;
+  return scalar_tensor(s, dtype_of<T>());
+}
+
+// The gradient of the reduced loss with respect to the loss of element (or row) n.
+template <class T>
+struct LossGrad {
+  LossGrad(const Tensor& g, Reduction reduction, double count)
+      : g_(reduction == Reduction::None ? g.contiguous() : g) {
+    if (reduction == Reduction::None)
+      per_element_ = g_.data<T>();
+    else
+      scale_ = static_cast<T>(g.item<double>() / (reduction == Reduction::Mean ? count : 1.0));
+  }
+  T operator()(int64_t n) const { return per_element_ ? per_element_[n] : scale_; }
+
+  Tensor g_;
+  const T* per_element_ = nullptr;  // dOut per element (None), else the one scale_
+  T scale_ = 0;
+};
+
+// The common dtype of two floating loss operands.
+DType loss_dtype(const Tensor& a, const Tensor& b, std::string_view op) {
+  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
+              "{}: expected Float32 or Float64 tensors, got {} and {}", op, a.dtype(), b.dtype());
+  return promote(a.dtype(), b.dtype());
+}
+
+Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// A pointwise loss l(input, target) over the broadcast shape, reduced.
+template <class F>
+Tensor pointwise_loss(const Tensor& input, const Tensor& target, Reduction reduction,
+                      std::string_view op, F f) {
+  return dispatch_float(input.dtype(), op, [&]<class T>() {
+    Tensor losses = zip<T, T, T>(input, target, op, f);
+    if (reduction == Reduction::None) return losses;
+    return reduce_values<T>(losses.data<T>(), losses.numel(), reduction,
+                            static_cast<double>(losses.numel()));
+  });
+}
+
+// The gradient of a pointwise loss: d(a, b) * dLoss, over the broadcast shape (the engine
+// reduces it to each input's shape). dLoss is dOut for None, dOut / numel for Mean.
+template <class T, class D>
+Tensor pointwise_grad(const Tensor& a, const Tensor& b, const Tensor& g, Reduction reduction, D d) {
+  const Shape shape =
+      a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), "loss");
+  Tensor out = empty(shape, a.dtype());
+  const T scale = reduction == Reduction::Mean
+                      ? static_cast<T>(1.0 / static_cast<double>(shape_numel(shape)))
+                      : T(1);
+  ternary_into<T, T, T, T>(a, b, g, out, [=](T x, T y, T dl) { return d(x, y) * dl * scale; });
+  return out;
+}
+
+}  // namespace
+
+// --- mse_loss
+
+// l = (x - t)²:  dX = 2 (x - t) dL,  dT = -2 (x - t) dL
+struct MseLossBackward final : Node {
+  MseLossBackward(const Tensor& input, const Tensor& target, Reduction reduction)
+      : reduction_(reduction) {
+    save(input_, input), save(target_, target);
+  }
+  std::string_view name() const override { return "MseLossBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor &x = input_.get(), &t = target_.get();
+    return dispatch_float(x.dtype(), "mse_loss", [&]<class T>() {
+      const Tensor grad_x =
+          pointwise_grad<T>(x, t, grads[0], reduction_, [](T a, T b) { return 2 * (a - b); });
+      return std::vector<Tensor>{needs_grad(0) ? grad_x : Tensor(),
+                                 needs_grad(1) ? neg(grad_x) : Tensor()};
+    });
+  }
+  Reduction reduction_;
+  SavedTensor input_, target_;
+};
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_defined(input, "mse_loss");
+  check_defined(target, "mse_loss");
+  const DType dtype = loss_dtype(input, target, "mse_loss");
+  const Tensor x = as_type(input, dtype), t = as_type(target, dtype);
+  Tensor out = pointwise_loss(x, t, reduction, "mse_loss", [](auto a, auto b) {
+    const auto d = a - b;
+    return d * d;
+  });
+  if (any_requires_grad(input, target))
+    connect(std::make_shared<MseLossBackward>(x, t, reduction), {x, t}, out);
+  return out;
+}
+
+// --- kl_div
+
+// l = t (log t - x), 0 where t = 0 (torch's xlogy):  dX = -t dL,
+// dT = (log t + 1 - x) dL where t > 0 (0 where t = 0, the limit of the one-sided subgradient)
+struct KlDivBackward final : Node {
+  KlDivBackward(const Tensor& input, const Tensor& target, Reduction reduction)
+      : reduction_(reduction) {
+    save(input_, input), save(target_, target);
+  }
+  std::string_view name() const override { return "KlDivBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& t = target_.get();
+    return dispatch_float(t.dtype(), "kl_div", [&]<class T>() {
+      Tensor grad_x, grad_t;
+      if (needs_grad(0))
+        grad_x =
+            pointwise_grad<T>(t, input_.get(), grads[0], reduction_, [](T a, T) { return -a; });
+      if (needs_grad(1))
+        grad_t = pointwise_grad<T>(t, input_.get(), grads[0], reduction_,
+                                   [](T a, T b) { return a > 0 ? std::log(a) + 1 - b : T(0); });
+      return std::vector<Tensor>{grad_x, grad_t};
+    });
+  }
+  Reduction reduction_;
+  SavedTensor input_, target_;
+};
+
+Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
+  check_defined(log_probs, "kl_div");
+  check_defined(target, "kl_div");
+  const DType dtype = loss_dtype(log_probs, target, "kl_div");
+  const Tensor x = as_type(log_probs, dtype), t = as_type(target, dtype);
+  Tensor out = pointwise_loss(x, t, reduction, "kl_div", [](auto a, auto b) {
+    using T = decltype(a);
+    return b > 0 ? b * (std::log(b) - a) : b == 0 ? T(0) : std::numeric_limits<T>::quiet_NaN();
+  });
+  if (any_requires_grad(log_probs, target))
+    connect(std::make_shared<KlDivBackward>(x, t, reduction), {x, t}, out);
+  return out;
+}
+
+// --- nll_loss and cross_entropy: one row of class scores per target
+
+namespace {
+
+// The (N, C) geometry of class scores of shape (N, C) or (C) (then N = 1) and their target.
+struct ClassRows {
+  int64_t N, C, row_stride, class_stride;
+};
+
+ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t ignore_index,
+                             std::string_view op) {
+  check_defined(scores, op);
+  check_defined(target, op);
+  EMBER_CHECK(scores.dim() == 1 || scores.dim() == 2,
+              "{}: expected input of shape (N, C) or (C), got shape {}", op, scores.shape());
+  EMBER_CHECK(is_floating(scores.dtype()), "{}: expected a Float32 or Float64 input, got {}", op,
+              scores.dtype());
+  EMBER_CHECK(target.dtype() == kInt64, "{}: target must be Int64, got {} of shape {}", op,
+              target.dtype(), target.shape());
+  const bool batched = scores.dim() == 2;
+  const Shape expected = batched ? Shape{scores.size(0)} : Shape{};
+  EMBER_CHECK(target.shape() == expected,
+              "{}: target of shape {} does not match input of shape {} (expected target shape {})",
+              op, target.shape(), scores.shape(), expected);
+  const ClassRows rows{batched ? scores.size(0) : 1, scores.size(-1),
+                       batched ? scores.stride(0) : 0, scores.stride(-1)};
+  const std::vector<int64_t> t = target.to_vector<int64_t>();
+  for (int64_t v : t)
+    EMBER_CHECK(v == ignore_index || (v >= 0 && v < rows.C),
+                "{}: target {} out of range for {} classes (input of shape {})", op, v, rows.C,
+                scores.shape());
+  return rows;
+}
+
+// Per-row losses (double) as the op's result: (N) or () for None, else reduced over the
+// `count` rows that were not ignored (Mean) or summed.
+template <class T>
+Tensor row_losses_result(const std::vector<double>& losses, const Tensor& scores,
+                         Reduction reduction, double count) {
+  if (reduction != Reduction::None)
+    return reduce_values<T>(losses.data(), static_cast<int64_t>(losses.size()), reduction, count);
+  Tensor out = empty(scores.dim() == 2 ? Shape{scores.size(0)} : Shape{}, scores.dtype());
+  std::transform(losses.begin(), losses.end(), out.data<T>(),
+                 [](double v) { return static_cast<T>(v); });
+  return out;
+}
+
+int64_t count_kept(const Tensor& target, int64_t ignore_index) {
+  const int64_t* t = target.data<int64_t>();
+  return std::count_if(t, t + target.numel(), [&](int64_t v) { return v != ignore_index; });
+}
+
+}  // namespace
+
+// l_n = -x[n, t_n] (0 when t_n is ignored):  dX[n, t_n] = -dL_n, 0 elsewhere
+struct NllLossBackward final : Node {
+  NllLossBackward(const Tensor& target, Reduction reduction, int64_t ignore_index, double count)
+      : reduction_(reduction), ignore_index_(ignore_index), count_(count) {
+    save(target_, target);
+  }
+  std::string_view name() const override { return "NllLossBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Shape& shape = input_shapes[0];
+    Tensor grad_x = zeros(shape, input_dtypes[0]);
+    const int64_t C = shape.back(), N = shape.size() == 2 ? shape[0] : 1;
+    const int64_t* t = target_.get().data<int64_t>();
+    dispatch_float(grad_x.dtype(), "nll_loss", [&]<class T>() {
+      const LossGrad<T> dl(grads[0], reduction_, count_);
+      T* px = grad_x.data<T>();
+      for (int64_t n = 0; n < N; ++n)
+        if (t[n] != ignore_index_) px[n * C + t[n]] = -dl(n);
+    });
+    return {grad_x};
+  }
+  Reduction reduction_;
+  int64_t ignore_index_;
+  double count_;
+  SavedTensor target_;
+};
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
+                int64_t ignore_index) {
+  const ClassRows g = check_class_target(log_probs, target, ignore_index, "nll_loss");
+  const Tensor t = target.contiguous();
+  const int64_t* pt = t.data<int64_t>();
+  const double count = static_cast<double>(count_kept(t, ignore_index));
+  Tensor out = dispatch_float(log_probs.dtype(), "nll_loss", [&]<class T>() {
+    const T* x = log_probs.data<T>();
+    std::vector<double> losses(g.N, 0.0);
+    for (int64_t n = 0; n < g.N; ++n)
+      if (pt[n] != ignore_index) losses[n] = -x[n * g.row_stride + pt[n] * g.class_stride];
+    return row_losses_result<T>(losses, log_probs, reduction, count);
+  });
+  if (any_requires_grad(log_probs))
+    connect(std::make_shared<NllLossBackward>(t, reduction, ignore_index, count), {log_probs}, out);
+  return out;
+}
+
+namespace {
+
+// One row of C logits x with stride s, target t, smoothing eps (torch's formula), with
+// log p_c = (x_c - m) - log_s kept in two parts (their sum may round away log_s in Float32):
+//   m = max x,  log_s = log Σ exp(x - m),  nll = -log p_t,  smooth = Σ_c -log p_c
+//   loss = (1 - eps) nll + eps / C * smooth;  stats = (m, log_s) for the backward
+template <class T>
+inline double cross_entropy_row(const T* x, int64_t s, int64_t C, int64_t t, double eps, T* stats) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c * s]);
+  double sum_exp = 0, sum_gap = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    sum_exp += std::exp(x[c * s] - m);
+    sum_gap += m - x[c * s];
+  }
+  const double log_s = std::log(sum_exp);
+  stats[0] = m;
+  stats[1] = static_cast<T>(log_s);
+  const double nll = (m - x[t * s]) + log_s;
+  return eps == 0 ? nll : (1 - eps) * nll + eps / C * (sum_gap + C * log_s);
+}
+
+}  // namespace
+
+// l_n = (1 - eps) (-log p[n, t_n]) + eps / C Σ_c -log p[n, c],  p = softmax(x[n]):
+//   dX[n, c] = dL_n (p[n, c] - (1 - eps) [c = t_n] - eps / C),  0 for ignored rows
+// Saves the logits (an input) and per row (m, log_s), so p = exp((x - m) - log_s).
+struct CrossEntropyBackward final : Node {
+  CrossEntropyBackward(const Tensor& logits, const Tensor& target, const Tensor& stats,
+                       Reduction reduction, int64_t ignore_index, double eps, double count)
+      : reduction_(reduction), ignore_index_(ignore_index), eps_(eps), count_(count) {
+    save(logits_, logits), save(target_, target), save(stats_, stats);
+  }
+  std::string_view name() const override { return "CrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& x = logits_.get();
+    const int64_t C = x.size(-1), N = x.dim() == 2 ? x.size(0) : 1;
+    const int64_t s0 = x.dim() == 2 ? x.stride(0) : 0, s1 = x.stride(-1);
+    Tensor grad_x = empty(x.shape(), x.dtype());
+    const int64_t* t = target_.get().data<int64_t>();
+    dispatch_float(x.dtype(), "cross_entropy", [&]<class T>() {
+      const LossGrad<T> dl(grads[0], reduction_, count_);
+      const T *px = x.data<T>(), *stats = stats_.get().data<T>();
+      T* pg = grad_x.data<T>();
+      const T keep = static_cast<T>(1 - eps_), spread = static_cast<T>(eps_ / C);
+#pragma omp parallel for if (N > 1 && N * C >= kParallelGrain)
+      for (int64_t n = 0; n < N; ++n) {
+        T* row = pg + n * C;
+        if (t[n] == ignore_index_) {
+          std::fill(row, row + C, T(0));
+          continue;
+        }
+        const T* xr = px + n * s0;
+        const T w = dl(n), m = stats[2 * n], log_s = stats[2 * n + 1];
+        for (int64_t c = 0; c < C; ++c) row[c] = w * (std::exp((xr[c * s1] - m) - log_s) - spread);
+        row[t[n]] -= w * keep;
+      }
+    });
+    return {grad_x};
+  }
+  Reduction reduction_;
+  int64_t ignore_index_;
+  double eps_, count_;
+  SavedTensor logits_, target_, stats_;
+};
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
+                     int64_t ignore_index, double label_smoothing) {
+  const ClassRows g = check_class_target(logits, target, ignore_index, "cross_entropy");
+  EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
+              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
+  const Tensor t = target.contiguous();
+  const int64_t* pt = t.data<int64_t>();
+  const double count = static_cast<double>(count_kept(t, ignore_index));
+  Tensor stats = empty({g.N, 2}, logits.dtype());
+  Tensor out = dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    const T* x = logits.data<T>();
+    T* ps = stats.data<T>();
+    std::vector<double> losses(g.N, 0.0);
+#pragma omp parallel for if (g.N > 1 && g.N * g.C >= kParallelGrain)
+    for (int64_t n = 0; n < g.N; ++n) {
+      if (pt[n] == ignore_index) {
+        ps[2 * n] = ps[2 * n + 1] = 0;
+        continue;
+      }
+      losses[n] = cross_entropy_row(x + n * g.row_stride, g.class_stride, g.C, pt[n],
+                                    label_smoothing, ps + 2 * n);
+    }
+    return row_losses_result<T>(losses, logits, reduction, count);
+  });
+  if (any_requires_grad(logits))
+    connect(std::make_shared<CrossEntropyBackward>(logits, t, stats, reduction, ignore_index,
+                                                   label_smoothing, count),
+            {logits}, out);
+  return out;
+}
+
+Tensor Tensor::mse_loss(const Tensor& target, Reduction reduction) const {
+  return ember::mse_loss(*this, target, reduction);
+}
+Tensor Tensor::nll_loss(const Tensor& target, Reduction reduction, int64_t ignore_index) const {
+  return ember::nll_loss(*this, target, reduction, ignore_index);
+}
+Tensor Tensor::cross_entropy(const Tensor& target, Reduction reduction, int64_t ignore_index,
+                             double label_smoothing) const {
+  return ember::cross_entropy(*this, target, reduction, ignore_index, label_smoothing);
+}
+Tensor Tensor::kl_div(const Tensor& target, Reduction reduction) const {
+  return ember::kl_div(*this, target, reduction);
+}
+
+}  // namespace ember

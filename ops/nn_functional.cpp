@@ -1,0 +1,454 @@
+// Neural-network functions with fused kernels and hand-derived backwards: softmax and
+// log_softmax (one pass for the max, one for the sum), layer_norm (mean and variance in one
+// pass, llm.c style), inverted dropout, and the embedding gather/scatter.
+#include "ops/nn_functional.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <omp.h>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/random.h"
+#include "ops/elementwise.h"
+#include "ops/kernels.h"
+
+namespace ember {
+
+namespace {
+
+void check_defined(const Tensor& t, std::string_view op) {
+  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
+}
+
+// The rows of a tensor along one dim: row r starts `start(r)` elements after data<T>() and
+// steps by `stride`. Rows are numbered in row-major order of the other dims, so row r of a
+// strided input and row r of its contiguous output are the same row. Contiguous tensors
+// compute starts from (outer, inner); strided ones list them.
+struct Rows {
+  int64_t count = 1, n = 1, stride = 1, inner = 1;
+  std::vector<int64_t> starts;
+
+  int64_t start(int64_t r) const {
+    return starts.empty() ? (r / inner) * n * inner + r % inner : starts[r];
+  }
+  bool parallel() const { return count > 1 && count * n >= kParallelGrain; }
+};
+
+Rows rows_along(const Tensor& t, int64_t dim) {
+  Rows rows;
+  if (t.dim() == 0) return rows;
+  rows.n = t.size(dim);
+  rows.count = 1;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (d != dim) rows.count *= t.size(d);
+  if (t.is_contiguous()) {
+    for (int64_t d = dim + 1; d < t.dim(); ++d) rows.inner *= t.size(d);
+    rows.stride = rows.inner;
+    return rows;
+  }
+  rows.stride = t.stride(dim);
+  if (rows.count == 0) return rows;
+  Shape outer = t.shape();
+  outer[dim] = 1;
+  rows.starts.reserve(rows.count);
+  StridedLoop<1> loop(outer, {t.strides()});
+  loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+    for (int64_t i = 0; i < len; ++i) rows.starts.push_back(off[0] + i * st[0]);
+  });
+  return rows;
+}
+
+// Calls f(r) for every row, in parallel above the grain.
+template <class F>
+void for_each_row(const Rows& rows, F f) {
+#pragma omp parallel for if (rows.parallel())
+  for (int64_t r = 0; r < rows.count; ++r) f(r);
+}
+
+// --- softmax and log_softmax
+
+// One row of n elements, x with stride sx, y with stride sy:
+//   m = max(x);  s = Σ exp(x - m);  y = exp(x - m) / s   or   y = (x - m) - log(s)
+template <bool Log, class T>
+inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j * sx]);
+  double s = 0;
+  if constexpr (Log) {
+    for (int64_t j = 0; j < n; ++j) s += std::exp(x[j * sx] - m);
+    const T log_s = static_cast<T>(std::log(s));  // kept apart from m: m + log_s may round
+    for (int64_t j = 0; j < n; ++j) y[j * sy] = (x[j * sx] - m) - log_s;
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const T e = std::exp(x[j * sx] - m);
+      y[j * sy] = e;
+      s += e;
+    }
+    const T inv = static_cast<T>(1.0 / s);
+    for (int64_t j = 0; j < n; ++j) y[j * sy] *= inv;
+  }
+}
+
+// x and y share a shape; xr and yr are their rows along the softmax dim.
+template <bool Log, class T>
+void softmax_forward(const T* x, const Rows& xr, T* y, const Rows& yr) {
+  const int64_t n = xr.n, sx = xr.stride, sy = yr.stride;
+  for_each_row(xr, [&](int64_t r) {
+    if (sx == 1 && sy == 1)  // the fast path: contiguous rows along the last dim
+      softmax_row<Log>(x + xr.start(r), 1, y + yr.start(r), 1, n);
+    else
+      softmax_row<Log>(x + xr.start(r), sx, y + yr.start(r), sy, n);
+  });
+}
+
+// One row of the backward, every operand with stride s:
+//   softmax:      dX = y * (dY - Σ dY * y)
+//   log_softmax:  dX = dY - exp(y) * Σ dY
+template <bool Log, class T>
+inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64_t n) {
+  double acc = 0;
+  if constexpr (Log) {
+    for (int64_t j = 0; j < n; ++j) acc += g[j * s];
+    const T sum = static_cast<T>(acc);
+    for (int64_t j = 0; j < n; ++j) dx[j * s] = g[j * s] - std::exp(y[j * s]) * sum;
+  } else {
+    for (int64_t j = 0; j < n; ++j) acc += g[j * s] * y[j * s];
+    const T dot = static_cast<T>(acc);
+    for (int64_t j = 0; j < n; ++j) dx[j * s] = y[j * s] * (g[j * s] - dot);
+  }
+}
+
+}  // namespace
+
+// y = softmax(x) or log_softmax(x) along dim_; saves the output y as data (Note [Saved outputs]).
+//   softmax:      dX = y * (dY - Σ_dim dY * y)
+//   log_softmax:  dX = dY - exp(y) * Σ_dim dY
+template <bool Log>
+struct SoftmaxBackward final : Node {
+  SoftmaxBackward(int64_t dim, const Tensor& y) : dim_(dim) { save(y_, y); }
+  std::string_view name() const override { return Log ? "LogSoftmaxBackward" : "SoftmaxBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    const Tensor& y = y_.get();
+    Tensor grad_x = empty(y.shape(), y.dtype());
+    const Rows rows = rows_along(y, dim_);
+    dispatch_float(y.dtype(), name(), [&]<class T>() {
+      const T *pg = g.data<T>(), *py = y.data<T>();
+      T* px = grad_x.data<T>();
+      const int64_t s = rows.stride, n = rows.n;
+      for_each_row(rows, [&](int64_t r) {
+        const int64_t at = rows.start(r);
+        if (s == 1)
+          softmax_backward_row<Log>(pg + at, py + at, px + at, 1, n);
+        else
+          softmax_backward_row<Log>(pg + at, py + at, px + at, s, n);
+      });
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor y_;
+};
+
+namespace {
+
+template <bool Log>
+Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
+  check_defined(x, op);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  EMBER_CHECK(is_floating(x.dtype()),
+              "{}: expected a Float32 or Float64 tensor, got {} of shape {}", op, x.dtype(),
+              x.shape());
+  Tensor out = empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), op, [&]<class T>() {
+    softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
+  });
+  if (any_requires_grad(x)) connect(std::make_shared<SoftmaxBackward<Log>>(d, out), {x}, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op<false>(x, dim, "softmax"); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op<true>(x, dim, "log_softmax"); }
+
+// --- layer_norm
+
+namespace {
+
+// x, y are (M, N) contiguous; weight, bias (N) or null; mean, rstd (M). Per row, in one pass
+// over x (sums shifted by the row's first element, in double, so the variance does not cancel):
+//   mean = Σx / N,  var = Σ(x - mean)² / N,  rstd = 1 / sqrt(var + eps)
+//   y = (x - mean) * rstd * weight + bias
+template <class T>
+void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                        int64_t M, int64_t N, double eps) {
+#pragma omp parallel for if (M > 1 && M * N >= kParallelGrain)
+  for (int64_t r = 0; r < M; ++r) {
+    const T* xr = x + r * N;
+    T* yr = y + r * N;
+    const double shift = xr[0];
+    double s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const double d = static_cast<double>(xr[j]) - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+    const double m = s1 / N, var = std::max(s2 / N - m * m, 0.0);
+    const T mu = static_cast<T>(shift + m), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
+    mean[r] = mu;
+    rstd[r] = rs;
+    for (int64_t j = 0; j < N; ++j) {
+      T v = (xr[j] - mu) * rs;
+      if (weight) v *= weight[j];
+      if (bias) v += bias[j];
+      yr[j] = v;
+    }
+  }
+}
+
+// Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
+//   xhat = (x - mean) * rstd,  dxhat = dY * weight
+//   dX = rstd * (dxhat - mean_N(dxhat) - xhat * mean_N(dxhat * xhat))
+//   dW = Σ_M dY * xhat,  dB = Σ_M dY
+// dW and dB are summed per thread in double, then combined.
+template <class T>
+void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
+                         T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
+  const bool parallel = M > 1 && M * N >= kParallelGrain;
+  const bool param_grads = dweight || dbias;
+  const int max_threads = parallel ? omp_get_max_threads() : 1;
+  std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
+#pragma omp parallel if (parallel) num_threads(max_threads)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
+    double* pb = param_grads ? pw + N : nullptr;
+    for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
+      const T *gr = g + r * N, *xr = x + r * N;
+      const T mu = mean[r], rs = rstd[r];
+      if (dx) {
+        double a = 0, b = 0;
+        for (int64_t j = 0; j < N; ++j) {
+          const T dxhat = weight ? gr[j] * weight[j] : gr[j];
+          a += dxhat;
+          b += dxhat * ((xr[j] - mu) * rs);
+        }
+        const T mean_dxhat = static_cast<T>(a / N), mean_dxhat_xhat = static_cast<T>(b / N);
+        T* dxr = dx + r * N;
+        for (int64_t j = 0; j < N; ++j) {
+          const T dxhat = weight ? gr[j] * weight[j] : gr[j];
+          dxr[j] = rs * (dxhat - mean_dxhat - (xr[j] - mu) * rs * mean_dxhat_xhat);
+        }
+      }
+      if (param_grads) {
+        for (int64_t j = 0; j < N; ++j) {
+          pw[j] += static_cast<double>(gr[j]) * ((xr[j] - mu) * rs);
+          pb[j] += gr[j];
+        }
+      }
+    }
+  }
+  if (!param_grads) return;
+  for (int64_t j = 0; j < N; ++j) {
+    double w = 0, b = 0;
+    for (int t = 0; t < max_threads; ++t) {
+      w += partial[2 * N * t + j];
+      b += partial[2 * N * t + N + j];
+    }
+    if (dweight) dweight[j] = static_cast<T>(w);
+    if (dbias) dbias[j] = static_cast<T>(b);
+  }
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+// y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
+// x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative).
+struct LayerNormBackward final : Node {
+  LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd)
+      : M_(mean.numel()), N_(M_ == 0 ? 0 : x.numel() / M_) {
+    save(x_, x), save(weight_, weight), save(mean_, mean), save(rstd_, rstd);
+  }
+  std::string_view name() const override { return "LayerNormBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    const Tensor& x = x_.get();
+    Tensor grad_x, grad_w, grad_b;
+    if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype());
+    if (needs_grad(1)) grad_w = empty(input_shapes[1], x.dtype());
+    if (needs_grad(2)) grad_b = empty(input_shapes[2], x.dtype());
+    dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+      layer_norm_backward<T>(g.data<T>(), x.data<T>(), data_or_null<T>(weight_.get()),
+                             mean_.get().data<T>(), rstd_.get().data<T>(),
+                             grad_x.defined() ? grad_x.data<T>() : nullptr,
+                             grad_w.defined() ? grad_w.data<T>() : nullptr,
+                             grad_b.defined() ? grad_b.data<T>() : nullptr, M_, N_);
+    });
+    return {grad_x, grad_w, grad_b};
+  }
+  int64_t M_, N_;
+  SavedTensor x_, weight_, mean_, rstd_;
+};
+
+namespace {
+
+void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shape,
+                  std::string_view what) {
+  if (!p.defined()) return;
+  EMBER_CHECK(p.shape() == normalized_shape,
+              "layer_norm: {} of shape {} does not match normalized_shape {}", what, p.shape(),
+              normalized_shape);
+  EMBER_CHECK(p.dtype() == x.dtype(), "layer_norm: {} is {} but the input is {}", what, p.dtype(),
+              x.dtype());
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  check_defined(x, "layer_norm");
+  EMBER_CHECK(is_floating(x.dtype()),
+              "layer_norm: expected a Float32 or Float64 input, got {} of shape {}", x.dtype(),
+              x.shape());
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  EMBER_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dim, got {}",
+              normalized_shape);
+  EMBER_CHECK(k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
+              "layer_norm: normalized_shape {} does not match the trailing dims of the input of "
+              "shape {}",
+              normalized_shape, x.shape());
+  check_affine(x, weight, normalized_shape, "weight");
+  check_affine(x, bias, normalized_shape, "bias");
+  EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got {}", eps);
+
+  const int64_t N = shape_numel(normalized_shape), M = N == 0 ? 0 : x.numel() / N;
+  const Tensor xc = x.contiguous();
+  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor out = empty(x.shape(), x.dtype());
+  Tensor mean = empty({M}, x.dtype()), rstd = empty({M}, x.dtype());
+  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+    layer_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
+                          mean.data<T>(), rstd.data<T>(), M, N, eps);
+  });
+  if (any_requires_grad(x, weight, bias))
+    connect(std::make_shared<LayerNormBackward>(xc, w, mean, rstd), {x, weight, bias}, out);
+  return out;
+}
+
+// --- dropout
+
+// y = x * mask, mask = keep / (1 - p):  dX = dY * mask
+struct DropoutBackward final : Node {
+  explicit DropoutBackward(const Tensor& mask) { save(mask_, mask); }
+  std::string_view name() const override { return "DropoutBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {mul(grads[0], mask_.get())};
+  }
+  SavedTensor mask_;
+};
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  check_defined(x, "dropout");
+  EMBER_CHECK(p >= 0 && p < 1, "dropout: probability has to be in [0, 1), got {}", p);
+  if (!training || p == 0) return x;
+  EMBER_CHECK(is_floating(x.dtype()),
+              "dropout: expected a Float32 or Float64 tensor, got {} of shape {}", x.dtype(),
+              x.shape());
+  Tensor mask = empty(x.shape(), x.dtype());
+  Tensor out = empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), "dropout", [&]<class T>() {
+    // Drawn serially from the global generator: one seed, one mask, on any thread count.
+    auto& gen = global_generator();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    T* pm = mask.data<T>();
+    for (int64_t i = 0; i < mask.numel(); ++i) pm[i] = next_uniform(gen) < p ? T(0) : scale;
+    binary_into<T, T, T>(x, mask, out, [](T v, T m) { return v * m; });
+  });
+  if (any_requires_grad(x)) connect(std::make_shared<DropoutBackward>(mask), {x}, out);
+  return out;
+}
+
+// --- embedding
+
+// out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up)
+struct EmbeddingBackward final : Node {
+  explicit EmbeddingBackward(const Tensor& indices) { save(indices_, indices); }
+  std::string_view name() const override { return "EmbeddingBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    const Shape& wshape = input_shapes[0];
+    Tensor grad_w = zeros(wshape, g.dtype());
+    dispatch_float(g.dtype(), "embedding", [&]<class T>() {
+      const int64_t* idx = indices_.get().data<int64_t>();
+      const T* pg = g.data<T>();
+      T* pw = grad_w.data<T>();
+      const int64_t dim = wshape[1], count = indices_.get().numel();
+      for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
+        T* row = pw + idx[k] * dim;
+        const T* src = pg + k * dim;
+        for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
+      }
+    });
+    return {grad_w};
+  }
+  SavedTensor indices_;
+};
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_defined(weight, "embedding");
+  check_defined(indices, "embedding");
+  EMBER_CHECK(weight.dim() == 2,
+              "embedding: weight must be 2-D (num_embeddings, dim), got shape {}", weight.shape());
+  EMBER_CHECK(is_floating(weight.dtype()), "embedding: weight must be Float32 or Float64, got {}",
+              weight.dtype());
+  EMBER_CHECK(indices.dtype() == kInt64, "embedding: indices must be Int64, got {} of shape {}",
+              indices.dtype(), indices.shape());
+  const Tensor idx = indices.contiguous();
+  const int64_t rows = weight.size(0), dim = weight.size(1), count = idx.numel();
+  const int64_t* pi = idx.data<int64_t>();
+  for (int64_t k = 0; k < count; ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "embedding: index {} out of range for {} rows", pi[k],
+                rows);
+
+  Shape shape = indices.shape();
+  shape.push_back(dim);
+  Tensor out = empty(shape, weight.dtype());
+  dispatch_float(weight.dtype(), "embedding", [&]<class T>() {
+    const T* pw = weight.data<T>();
+    T* po = out.data<T>();
+    const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
+#pragma omp parallel for if (count > 1 && count * dim >= kParallelGrain)
+    for (int64_t k = 0; k < count; ++k) {
+      const T* src = pw + pi[k] * s0;
+      T* dst = po + k * dim;
+      if (s1 == 1)
+        std::memcpy(dst, src, dim * sizeof(T));
+      else
+        for (int64_t j = 0; j < dim; ++j) dst[j] = src[j * s1];
+    }
+  });
+  if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
+  return out;
+}
+
+Tensor Tensor::softmax(int64_t dim) const { return ember::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return ember::log_softmax(*this, dim); }
+Tensor Tensor::layer_norm(Shape normalized_shape, const Tensor& weight, const Tensor& bias,
+                          double eps) const {
+  return ember::layer_norm(*this, std::move(normalized_shape), weight, bias, eps);
+}
+Tensor Tensor::dropout(double p, bool training) const { return ember::dropout(*this, p, training); }
+Tensor Tensor::embedding(const Tensor& indices) const { return ember::embedding(*this, indices); }
+
+}  // namespace ember

@@ -1,0 +1,167 @@
+// The autograd engine: accumulation, grad mode, retain_graph, version counters, anomaly mode,
+// freeing of the graph (no cycles, no recursion), and its errors.
+#include <thread>
+
+#include <boost/test/unit_test.hpp>
+
+#include "tests/helpers.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+BOOST_AUTO_TEST_SUITE(test_autograd)
+
+BOOST_AUTO_TEST_CASE(chain_rule_and_accumulation) {
+  Tensor x = tensor({1, 2, 3}, kFloat64).requires_grad_();
+  Tensor y = (x * x * 3.0).sum();  // dy/dx = 6x
+  y.backward();
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{6, 12, 18}));
+  (x * 2.0).sum().backward();  // gradients accumulate
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{8, 14, 20}));
+  BOOST_TEST(x.is_leaf());
+  BOOST_TEST(!y.is_leaf());
+  BOOST_TEST(!x.grad().requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(diamond_and_explicit_gradient) {
+  Tensor x = tensor({2}, kFloat64).requires_grad_();
+  Tensor a = x * 3.0, b = x.exp();
+  Tensor y = a * b;  // y = 3x e^x, dy/dx = 3 e^x (1 + x)
+  y.backward(tensor({0.5}, kFloat64));
+  BOOST_TEST(x.grad().item<double>() == 0.5 * 3 * std::exp(2.0) * 3,
+             boost::test_tools::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_CASE(grad_mode) {
+  Tensor x = ones({2}).requires_grad_();
+  {
+    NoGradGuard outer;
+    {
+      NoGradGuard inner;
+      BOOST_TEST(!is_grad_enabled());
+    }
+    BOOST_TEST(!is_grad_enabled());  // nesting restores the outer state
+    Tensor y = x * 2.0;
+    BOOST_TEST(!y.requires_grad());
+    BOOST_TEST(!y.grad_fn());
+    // Grad mode is per thread.
+    bool other_thread_enabled = false;
+    std::thread([&] { other_thread_enabled = is_grad_enabled(); }).join();
+    BOOST_TEST(other_thread_enabled);
+  }
+  BOOST_TEST(is_grad_enabled());
+  BOOST_TEST((x * 2.0).requires_grad());
+  // No node for inputs that do not require grad.
+  BOOST_TEST(!(ones({2}) * 2.0).grad_fn());
+  Tensor d = (x * 2.0).detach();
+  BOOST_TEST(!d.requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(retain_graph) {
+  Tensor x = tensor({1, 2}, kFloat64).requires_grad_();
+  Tensor y = (x * x).sum();
+  y.backward({}, true);
+  y.backward();  // allowed: the first kept the graph
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{4, 8}));
+  expect_error([&] { y.backward(); }, {"backward", "MulBackward", "second time", "retain_graph"});
+}
+
+BOOST_AUTO_TEST_CASE(version_counter) {
+  Tensor x = tensor({1, 2}, kFloat64).requires_grad_();
+  Tensor w = tensor({3, 4}, kFloat64);
+  Tensor y = (x * w).sum();  // MulBackward saved w
+  w.add_(1.0);
+  expect_error([&] { y.backward(); }, {"backward", "MulBackward", "in-place", "[2]"});
+  // A view's write bumps the shared storage's version too.
+  Tensor e = x.exp();  // saved its output
+  Tensor z = e.sum();
+  {
+    NoGradGuard no_grad;
+    e.narrow(0, 0, 1).mul_(2.0);
+  }
+  expect_error([&] { z.backward(); }, {"ExpBackward", "in-place"});
+  // In place on a leaf that requires grad, outside NoGradGuard.
+  expect_error([&] { x.zero_(); }, {"zero_", "leaf", "requires grad"});
+  expect_error([&] { x.copy_(w); }, {"copy_", "leaf"});
+  expect_error([&] { x.masked_fill_(x > 0.0, 0.0); }, {"masked_fill_", "leaf"});
+  {
+    NoGradGuard no_grad;
+    x.fill_(0.0);  // allowed: how optimizers and initialisers write
+  }
+  BOOST_TEST(x.sum().item<double>() == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(anomaly_mode) {
+  Tensor x = tensor({0, 1}, kFloat64).requires_grad_();
+  set_detect_anomaly(true);
+  expect_error([&] { x.sqrt().sum().backward(); }, {"SqrtBackward", "NaN/Inf"});
+  set_detect_anomaly(false);
+  x.set_grad({});
+  x.sqrt().sum().backward();  // without anomaly mode the Inf just flows
+  BOOST_TEST(std::isinf(x.grad().to_vector<double>()[0]));
+}
+
+BOOST_AUTO_TEST_CASE(graph_is_freed) {
+  const int64_t impls = live_tensor_impls(), nodes = live_nodes();
+  {
+    manual_seed(0);
+    Tensor w = randn({4, 3}).requires_grad_();
+    Tensor b = zeros({3}).requires_grad_();
+    const Tensor x = randn({8, 4}), target = randn({8, 3});
+    for (int step = 0; step < 10; ++step) {
+      w.set_grad({});
+      b.set_grad({});
+      // A small model built from core ops (matmul comes with linalg).
+      Tensor h = (x.unsqueeze(2) * w.unsqueeze(0)).sum({1}) + b;
+      Tensor loss = ((h.tanh() - target).pow(2)).mean();
+      loss.backward();
+      NoGradGuard no_grad;
+      w.add_(w.grad() * -0.1);
+      b.add_(b.grad() * -0.1);
+    }
+  }
+  BOOST_TEST(live_tensor_impls() == impls);
+  BOOST_TEST(live_nodes() == nodes);
+  // A graph that was never run backward is freed with its output.
+  {
+    Tensor x = ones({3}).requires_grad_();
+    Tensor y = ((x * 2.0).exp() + x).sum();
+    BOOST_TEST(live_nodes() > nodes);
+  }
+  BOOST_TEST(live_nodes() == nodes);
+  BOOST_TEST(live_tensor_impls() == impls);
+}
+
+BOOST_AUTO_TEST_CASE(deep_graph_without_recursion) {
+  const int64_t nodes = live_nodes();
+  Tensor x = tensor({1}, kFloat64).requires_grad_();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 100000; ++i) y = y * 1.0;
+    y.sum().backward();
+    BOOST_TEST(x.grad().item<double>() == 1.0);
+    Tensor z = x;
+    for (int i = 0; i < 100000; ++i) z = z + 0.0;
+  }  // freeing 100k chained Nodes must not overflow the stack
+  BOOST_TEST(live_nodes() == nodes);
+}
+
+BOOST_AUTO_TEST_CASE(errors) {
+  Tensor x = ones({2, 3}).requires_grad_();
+  expect_error([&] { (x * 2.0).backward(); }, {"backward", "[2, 3]"});
+  expect_error([&] { (x * 2.0).backward(ones({3})); }, {"backward", "[3]", "[2, 3]"});
+  expect_error([&] { ones({2}).sum().backward(); }, {"backward", "does not require grad"});
+  expect_error([&] { (x * 2.0).requires_grad_(false); }, {"requires_grad_", "non-leaf"});
+  expect_error([] { gradcheck([](auto& v) { return v[0] * 2.0; }, {ones({2}).requires_grad_()}); },
+               {"gradcheck", "Float32"});
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_catches_a_wrong_gradient) {
+  // A function whose backward is wrong (detach hides part of the dependence) must fail.
+  Tensor x = tensor({0.5, 1.5}, kFloat64).requires_grad_();
+  const GradcheckResult r = gradcheck([](auto& v) { return v[0] * v[0].detach(); }, {x});
+  BOOST_TEST(!r.ok);
+  BOOST_TEST(r.message.find("input 0") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

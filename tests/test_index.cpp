@@ -1,0 +1,338 @@
+// Gather/scatter ops (ops/index.cpp): one table of cases drives the PyTorch golden comparison
+// (values and input gradients), the Float32 forward and a Float64 gradcheck on fresh random
+// inputs; then sort's NaN order and indices, other dtypes, and every error path.
+#include <boost/test/unit_test.hpp>
+
+#include "helpers.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+namespace {
+
+using Inputs = std::vector<Tensor>;
+using Fn = std::function<Tensor(const Inputs&)>;
+
+struct Case {
+  std::string name;  // key prefix in index.json
+  Fn f;
+};
+
+// Each case applies the op exactly as tests/golden/gen_index.py does.
+std::vector<Case> cases(const Golden& g) {
+  const Tensor is0 = g["is0.idx"], is_neg = g["is_neg.idx"];
+  const Tensor ms = g["ms.mask"], ms_bm = g["ms_bm.mask"], ms_bx = g["ms_bx.mask"];
+  return {
+      {"repeat",
+       [](const Inputs& v) {
+         return repeat(v[0], {2, 1, 3});
+       }},
+      {"repeat_t",
+       [](const Inputs& v) {
+         return v[0].transpose(0, 1).repeat({2, 2});
+       }},
+      {"repeat_1",
+       [](const Inputs& v) {
+         return v[0].repeat({4, 1});
+       }},
+      {"ri_flat", [](const Inputs& v) { return repeat_interleave(v[0], 2); }},
+      {"ri_dim", [](const Inputs& v) { return v[0].repeat_interleave(3, -1); }},
+      {"ri_t", [](const Inputs& v) { return v[0].transpose(0, 1).repeat_interleave(2, 0); }},
+      {"ri_d2l",
+       [](const Inputs& v) {
+         return v[0].repeat_interleave(4).reshape({-1, 4});
+       }},
+      {"cat1",
+       [](const Inputs& v) {
+         return cat({v[0], v[1], v[2]}, -1);
+       }},
+      {"cat0",
+       [](const Inputs& v) {
+         return cat({v[0], v[1]}, 0);
+       }},
+      {"stack1", [](const Inputs& v) { return stack(v, 1); }},
+      {"stack_neg", [](const Inputs& v) { return stack(v, -1); }},
+      {"is0", [=](const Inputs& v) { return index_select(v[0], 0, is0); }},
+      {"is_neg", [=](const Inputs& v) { return v[0].index_select(-1, is_neg); }},
+      {"ms", [=](const Inputs& v) { return masked_select(v[0], ms); }},
+      {"ms_bm", [=](const Inputs& v) { return v[0].masked_select(ms_bm); }},
+      {"ms_bx", [=](const Inputs& v) { return masked_select(v[0], ms_bx); }},
+      {"ms_d2l",
+       [](const Inputs& v) {
+         const int64_t n = 5;
+         const Tensor x_tile = v[0].repeat({n, 1});
+         return x_tile.masked_select((1.0 - eye(n)).to(kBool)).reshape({n, -1});
+       }},
+      {"triu0", [](const Inputs& v) { return triu(v[0]); }},
+      {"triu1", [](const Inputs& v) { return v[0].triu(1); }},
+      {"triu_m1", [](const Inputs& v) { return triu(v[0], -1); }},
+      {"tril0", [](const Inputs& v) { return tril(v[0]); }},
+      {"tril_m2", [](const Inputs& v) { return v[0].tril(-2); }},
+      {"tril2", [](const Inputs& v) { return tril(v[0], 2); }},
+      {"sort_asc", [](const Inputs& v) { return sort(v[0]).values; }},
+      {"sort_desc", [](const Inputs& v) { return sort(v[0], -1, true).values; }},
+      {"sort_d0", [](const Inputs& v) { return v[0].sort(0).values; }},
+      {"sort_long", [](const Inputs& v) { return sort(v[0], 0, true).values; }},
+  };
+}
+
+Inputs golden_inputs(const Golden& g, const std::string& name) {
+  Inputs inputs;
+  for (int i = 0; g.contains(fmt::format("{}.x{}", name, i)); ++i)
+    inputs.push_back(g[fmt::format("{}.x{}", name, i)].requires_grad_());
+  return inputs;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(test_index)
+
+BOOST_AUTO_TEST_CASE(golden_values_and_gradients) {
+  const Golden g("index.json");
+  for (const Case& c : cases(g)) {
+    BOOST_TEST_CONTEXT(c.name) {
+      const Inputs inputs = golden_inputs(g, c.name);
+      BOOST_TEST_REQUIRE(!inputs.empty());
+      const Tensor y = c.f(inputs);
+      expect_close(y, g[c.name + ".y"], 1e-12, 1e-12, c.name + " value");
+      y.backward(g[c.name + ".gy"]);
+      for (size_t i = 0; i < inputs.size(); ++i)
+        expect_close(inputs[i].grad(), g[fmt::format("{}.g{}", c.name, i)], 1e-12, 1e-12,
+                     fmt::format("{} grad {}", c.name, i));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(float32_forward_agrees_with_float64) {
+  const Golden g("index.json");
+  for (const Case& c : cases(g)) {
+    Inputs x64 = golden_inputs(g, c.name), x32;
+    for (const Tensor& x : x64) x32.push_back(x.detach().to(kFloat32));
+    const Tensor y32 = c.f(x32);
+    BOOST_TEST((y32.dtype() == kFloat32), c.name);
+    expect_close(y32, c.f(x64), 1e-5, 1e-6, c.name + " float32");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_table_on_random_inputs) {
+  const Golden g("index.json");
+  manual_seed(11);
+  for (const Case& c : cases(g)) {
+    Inputs inputs;
+    for (const Tensor& x : golden_inputs(g, c.name)) inputs.push_back(leaf(x.shape()));
+    check_gradient(c.f, inputs, c.name);
+  }
+}
+
+// Non-contiguous (transposed, expanded, narrowed) inputs, size-1 and 0-d shapes, negative dims.
+BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
+  manual_seed(12);
+  const Tensor idx = from_vector(std::vector<int64_t>{1, 1, 0, 2, 1}, {5});
+  const Tensor mask = from_vector(std::vector<double>{1, 0, 1, 1}, {4, 1}, kBool);
+  const std::vector<std::pair<std::string, Fn>> fs = {
+      {"repeat 0-d",
+       [](const Inputs& v) {
+         return repeat(v[0].sum(), {3, 2});
+       }},
+      {"repeat permuted",
+       [](const Inputs& v) {
+         return v[0].permute({2, 0, 1}).repeat({2, 1, 1, 2});
+       }},
+      {"repeat expanded",
+       [](const Inputs& v) {
+         return v[1].expand({3, 4}).repeat({1, 2});
+       }},
+      {"repeat_interleave 0-d", [](const Inputs& v) { return repeat_interleave(v[0].sum(), 3); }},
+      {"repeat_interleave size-1",
+       [](const Inputs& v) { return v[1].repeat_interleave(2, 0).repeat_interleave(3, -1); }},
+      {"repeat_interleave permuted",
+       [](const Inputs& v) {
+         return v[0].permute({1, 2, 0}).repeat_interleave(2, 1);
+       }},
+      {"cat views",
+       [](const Inputs& v) {
+         return cat({v[0].narrow(0, 0, 1).squeeze(0), v[1].expand({3, 4}).narrow(1, 1, 3),
+                     v[0].transpose(0, 1).narrow(1, 1, 1).squeeze(1)},
+                    -1);
+       }},
+      {"cat transposed narrowed",
+       [](const Inputs& v) {
+         return cat({v[0].transpose(1, 2).narrow(1, 0, 3), v[0]}, 2);
+       }},
+      {"stack views",
+       [](const Inputs& v) {
+         return stack({v[1].expand({3, 2}), v[0].narrow(2, 1, 2).narrow(0, 1, 1).squeeze(0)}, 0);
+       }},
+      {"stack single size-1", [](const Inputs& v) { return stack({v[1]}, -1); }},
+      {"index_select transposed",
+       [=](const Inputs& v) { return v[0].transpose(0, 2).index_select(1, idx.narrow(0, 2, 3)); }},
+      {"index_select repeated dim 0",
+       [=](const Inputs& v) { return index_select(v[0], -3, idx.narrow(0, 0, 2)); }},
+      {"index_select 0-d index",
+       [](const Inputs& v) {
+         return index_select(v[1], 1, from_vector(std::vector<int64_t>{0}, {}));
+       }},
+      {"masked_select transposed broadcast",
+       [=](const Inputs& v) { return masked_select(v[0].transpose(1, 2), mask); }},
+      {"masked_select both broadcast",
+       [=](const Inputs& v) { return masked_select(v[1].squeeze(1).unsqueeze(0), mask); }},
+      {"triu permuted",
+       [](const Inputs& v) {
+         return triu(v[0].permute({2, 0, 1}), 1);
+       }},
+      {"tril transposed", [](const Inputs& v) { return tril(v[0].transpose(-1, -2), -1); }},
+      {"tril size-1 dims", [](const Inputs& v) { return tril(v[1].unsqueeze(0), 0); }},
+      {"sort transposed dim 0",
+       [](const Inputs& v) { return sort(v[0].transpose(0, 2), 0).values; }},
+      {"sort dim 1 descending", [](const Inputs& v) { return v[0].sort(1, true).values; }},
+      {"sort expanded",
+       [](const Inputs& v) {
+         return (sort(v[1].expand({3, 5}), 0).values * 1.5).sum({0});
+       }},
+      {"sort long row", [](const Inputs& v) { return sort(v[2]).values; }},
+  };
+  Inputs inputs = {leaf({2, 3, 4}), leaf({3, 1}), leaf({2, 37})};
+  for (const auto& [name, f] : fs) check_gradient(f, inputs, name);
+}
+
+// Float64 values through the same graph twice: a repeated index and a repeated tile both add up.
+BOOST_AUTO_TEST_CASE(gradients_accumulate) {
+  Tensor x = tensor({1, 2, 3}, kFloat64).requires_grad_();
+  index_select(x, 0, from_vector(std::vector<int64_t>{2, 2, 0, 2}, {4})).sum().backward();
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{1, 0, 3}));
+  Tensor y = tensor({1, 2}, kFloat64).requires_grad_();
+  repeat(y, {3, 2}).sum().backward();
+  BOOST_TEST((y.grad().to_vector<double>() == std::vector<double>{6, 6}));
+  Tensor z = tensor({1, 2}, kFloat64).requires_grad_();
+  repeat_interleave(z, 3).sum().backward();
+  BOOST_TEST((z.grad().to_vector<double>() == std::vector<double>{3, 3}));
+}
+
+BOOST_AUTO_TEST_CASE(sort_nan_order_indices_and_dtypes) {
+  const double nan = std::nan("");
+  const Tensor x = from_vector(std::vector<double>{1, nan, 0, 1}, {4}, kFloat64);
+  SortResult asc = sort(x);
+  const std::vector<double> va = asc.values.to_vector<double>();
+  BOOST_TEST(va[0] == 0.0);
+  BOOST_TEST(va[1] == 1.0);
+  BOOST_TEST(va[2] == 1.0);
+  BOOST_TEST(std::isnan(va[3]));
+  BOOST_TEST((asc.indices.to_vector<int64_t>() == std::vector<int64_t>{2, 0, 3, 1}));
+  BOOST_TEST((asc.indices.dtype() == kInt64));
+  SortResult desc = x.to(kFloat32).sort(0, true);
+  BOOST_TEST(std::isnan(desc.values.to_vector<double>()[0]));
+  BOOST_TEST((desc.indices.to_vector<int64_t>() == std::vector<int64_t>{1, 0, 3, 2}));
+
+  const Golden g("index.json");
+  for (const std::string name : {"sort_asc", "sort_desc", "sort_d0", "sort_long"}) {
+    const Tensor in = g[name + ".x0"];
+    const SortResult r = name == "sort_asc"    ? sort(in)
+                         : name == "sort_desc" ? sort(in, -1, true)
+                         : name == "sort_d0"   ? sort(in, 0)
+                                               : sort(in, 0, true);
+    BOOST_TEST((r.indices.to_vector<int64_t>() == g[name + ".i"].to_vector<int64_t>()), name);
+  }
+
+  const Tensor ints = from_vector(std::vector<int64_t>{3, -1, 2, 2}, {2, 2});
+  BOOST_TEST((sort(ints, 0).values.to_vector<int64_t>() == std::vector<int64_t>{2, -1, 3, 2}));
+  const SortResult s0 = sort(scalar_tensor(4.0));
+  BOOST_TEST(s0.values.item<double>() == 4.0);
+  BOOST_TEST(s0.indices.item<int64_t>() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(other_dtypes_and_empty_shapes) {
+  const Tensor b = from_vector(std::vector<double>{1, 0, 0, 1}, {2, 2}, kBool);
+  BOOST_TEST((cat({b, b}, 1).shape() == Shape{2, 4}));
+  BOOST_TEST((triu(b).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 1}));
+  const Tensor ints = from_vector(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
+  BOOST_TEST(
+      (index_select(ints, 1, from_vector(std::vector<int64_t>{1}, {1})).to_vector<int64_t>() ==
+       std::vector<int64_t>{2, 4}));
+  BOOST_TEST((masked_select(ints, b).to_vector<int64_t>() == std::vector<int64_t>{1, 4}));
+  BOOST_TEST((stack({ints, ints}, 2).to_vector<int64_t>() ==
+              std::vector<int64_t>{1, 1, 2, 2, 3, 3, 4, 4}));
+  BOOST_TEST((repeat(ints, {1, 0}).shape() == Shape{2, 0}));
+  BOOST_TEST((repeat_interleave(ints, 0, 1).shape() == Shape{2, 0}));
+  BOOST_TEST((cat({zeros({2, 0}), ones({2, 3})}, 1).shape() == Shape{2, 3}));
+  BOOST_TEST(masked_select(ones({2, 2}), zeros({2, 2}).to(kBool)).numel() == 0);
+  BOOST_TEST(index_select(scalar_tensor(5.0), 0, from_vector(std::vector<int64_t>{0}, {1}))
+                 .item<double>() == 5.0);
+}
+
+BOOST_AUTO_TEST_CASE(graph_is_freed) {
+  const int64_t nodes = live_nodes();
+  {
+    Tensor x = randn({3, 4}, kFloat64).requires_grad_();
+    Tensor y = cat({repeat(x, {2, 1}), triu(x)}, 0);
+    Tensor z = sort(index_select(y, 0, from_vector(std::vector<int64_t>{0, 8, 8}, {3})), -1).values;
+    masked_select(stack({z, z}), gt(z, 0.0)).sum().backward();
+    BOOST_TEST(x.grad().defined());
+  }
+  BOOST_TEST(live_nodes() == nodes);
+}
+
+BOOST_AUTO_TEST_CASE(errors) {
+  expect_error(
+      [] {
+        repeat(zeros({2, 3}), {2});
+      },
+      {"repeat: number of repeats (1) can not be smaller than number of dims (2)"});
+  expect_error([] { repeat(zeros({2}), {-1}); }, {"repeat", "non-negative", "[-1]"});
+  expect_error([] { repeat_interleave(zeros({2}), -2, 0); }, {"repeat_interleave", "-2"});
+  expect_error([] { repeat_interleave(zeros({2}), 2, 1); }, {"repeat_interleave", "dim 1"});
+
+  expect_error(
+      [] {
+        cat({zeros({2, 3}), zeros({2, 3}), zeros({3, 4})}, 1);
+      },
+      {"cat", "tensor 2", "[3, 4]", "[2, 3]"});
+  expect_error(
+      [] {
+        cat({zeros({2, 3}), zeros({2, 3, 1})});
+      },
+      {"cat", "tensor 1", "[2, 3, 1]", "[2, 3]"});
+  expect_error(
+      [] {
+        cat({zeros({2, 3}), zeros({2, 3}, kFloat64)});
+      },
+      {"cat", "tensor 1", "Float64", "Float32", "[2, 3]"});
+  expect_error([] { cat({}); }, {"cat", "empty"});
+  expect_error([] { cat({zeros({2}), zeros({2})}, 1); }, {"cat", "dim 1"});
+  expect_error([] { cat({scalar_tensor(1.0)}); }, {"cat", "zero-dimensional"});
+  expect_error(
+      [] {
+        stack({zeros({2, 3}), zeros({3, 2})});
+      },
+      {"stack", "tensor 1", "[3, 2]", "[2, 3]"});
+  expect_error([] { stack({}); }, {"stack", "empty"});
+  expect_error([] { stack({zeros({2}), zeros({2})}, 2); }, {"stack", "dim 2"});
+
+  const Tensor x = zeros({3, 2});
+  expect_error(
+      [&] {
+        index_select(x, 0, from_vector(std::vector<int64_t>{0, 5}, {2}));
+      },
+      {"index_select", "index 5", "size 3"});
+  expect_error([&] { index_select(x, 1, from_vector(std::vector<int64_t>{-1}, {1})); },
+               {"index_select", "index -1", "size 2"});
+  expect_error([&] { index_select(x, 0, tensor({0, 1})); }, {"index_select", "Int64", "Float32"});
+  expect_error(
+      [&] {
+        index_select(x, 0, zeros({2, 2}, kInt64));
+      },
+      {"index_select", "1-D", "[2, 2]"});
+  expect_error([&] { index_select(x, 2, zeros({1}, kInt64)); }, {"index_select", "dim 2"});
+
+  expect_error(
+      [&] {
+        masked_select(zeros({2, 3}), zeros({4}, kBool));
+      },
+      {"masked_select", "[2, 3]", "[4]"});
+  expect_error([&] { masked_select(x, zeros({3, 2})); }, {"masked_select", "Bool", "Float32"});
+
+  expect_error([] { triu(zeros({3})); }, {"triu", "[3]"});
+  expect_error([] { tril(scalar_tensor(1.0)); }, {"tril", "2 dims"});
+  expect_error([] { sort(zeros({2, 2}), 2); }, {"sort", "dim 2"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()

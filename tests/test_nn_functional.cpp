@@ -1,0 +1,371 @@
+// softmax, log_softmax, layer_norm, dropout and embedding: PyTorch golden values, gradcheck over
+// a table of shapes (negative dims, size-1 dims, transposed / narrowed / expanded views),
+// Float32 against Float64, extreme inputs, the parallel paths, and every error message.
+#include <boost/test/unit_test.hpp>
+
+#include "ember.h"
+#include "helpers.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+struct GradCase {
+  std::string name;
+  Fn f;
+  std::vector<Shape> shapes;  // one Float64 leaf each
+};
+
+void run_grad_cases(const std::vector<GradCase>& cases) {
+  for (const GradCase& c : cases) {
+    manual_seed(11);
+    std::vector<Tensor> inputs;
+    for (const Shape& s : c.shapes) inputs.push_back(leaf(s));
+    check_gradient(c.f, inputs, c.name);
+    // Float32 forward agrees with Float64.
+    std::vector<Tensor> singles;
+    for (const Tensor& t : inputs) singles.push_back(t.detach().to(kFloat32));
+    expect_close(c.f(singles).to(kFloat64), c.f(inputs), 1e-5, 1e-5, c.name + " Float32");
+  }
+}
+
+// y.backward(upstream) and the gradient of x.
+Tensor grad_through(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
+                    const Tensor& upstream) {
+  Tensor leaf_x = x.detach().clone().requires_grad_();
+  f(leaf_x).backward(upstream);
+  return leaf_x.grad();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(test_nn_functional)
+
+// --- softmax / log_softmax
+
+BOOST_AUTO_TEST_CASE(softmax_golden) {
+  Golden g("ops.json");
+  const Tensor x = g["sm_x"], up = g["sm_up"];
+  for (auto [name, dim] :
+       std::vector<std::pair<std::string, int64_t>>{{"0", 0}, {"1", 1}, {"m1", -1}}) {
+    expect_close(softmax(x, dim), g["softmax_" + name], 1e-10, 1e-12, "softmax " + name);
+    expect_close(log_softmax(x, dim), g["log_softmax_" + name], 1e-10, 1e-12,
+                 "log_softmax " + name);
+    expect_close(grad_through([&](const Tensor& t) { return softmax(t, dim); }, x, up),
+                 g["softmax_grad_" + name], 1e-9, 1e-12, "softmax grad " + name);
+    expect_close(grad_through([&](const Tensor& t) { return log_softmax(t, dim); }, x, up),
+                 g["log_softmax_grad_" + name], 1e-9, 1e-12, "log_softmax grad " + name);
+    // Float32 and a transposed (strided) input agree too.
+    expect_close(softmax(x.to(kFloat32), dim).to(kFloat64), g["softmax_" + name], 1e-5, 1e-6);
+    const Tensor xt = x.transpose(0, 2).contiguous().transpose(0, 2);
+    BOOST_TEST(!xt.is_contiguous());
+    expect_close(log_softmax(xt, dim), g["log_softmax_" + name], 1e-10, 1e-12,
+                 "strided log_softmax " + name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(softmax_extremes_stay_finite) {
+  Golden g("ops.json");
+  const Tensor big = g["sm_big"];  // rows with +-1e4, one masked with -1e9, one all -1e9
+  for (DType dt : {kFloat64, kFloat32}) {
+    const Tensor x = big.to(dt);
+    const Tensor p = softmax(x, -1), lp = log_softmax(x, -1);
+    for (double e : p.to_vector<double>()) BOOST_TEST(std::isfinite(e));
+    for (double e : lp.to_vector<double>()) BOOST_TEST(std::isfinite(e));
+    expect_close(p.to(kFloat64), g["softmax_big"], 1e-6, 1e-12, "softmax big");
+    expect_close(lp.to(kFloat64), g["log_softmax_big"], 1e-6, 1e-6, "log_softmax big");
+    // The backward stays finite too.
+    Tensor leaf_x = x.detach().requires_grad_();
+    log_softmax(leaf_x, -1).sum().backward();
+    for (double e : leaf_x.grad().to_vector<double>()) BOOST_TEST(std::isfinite(e));
+  }
+  // Masked attention: -1e9 entries get probability 0, the rest normalise among themselves.
+  const Tensor scores = from_vector(std::vector<double>{0.5, -1e9, 1.5, -1e9}, {1, 4});
+  const std::vector<double> p = softmax(scores, 1).to_vector<double>();
+  BOOST_TEST(p[1] == 0.0);
+  BOOST_TEST(p[0] + p[2] == 1.0, boost::test_tools::tolerance(1e-6));
+}
+
+BOOST_AUTO_TEST_CASE(softmax_gradcheck) {
+  const auto sm = [](int64_t dim) { return [=](const auto& v) { return softmax(v[0], dim); }; };
+  const auto lsm = [](int64_t dim) {
+    return [=](const auto& v) { return log_softmax(v[0], dim); };
+  };
+  run_grad_cases({
+      {"softmax last", sm(-1), {{3, 5}}},
+      {"softmax dim 0 of 3-D", sm(0), {{3, 2, 4}}},
+      {"softmax dim -2 of 3-D", sm(-2), {{2, 3, 4}}},
+      {"softmax size-1 dim", sm(0), {{1, 5}}},
+      {"softmax 1-D", sm(0), {{6}}},
+      {"softmax 0-d", sm(0), {{}}},
+      {"log_softmax last", lsm(-1), {{4, 3}}},
+      {"log_softmax dim 1", lsm(1), {{2, 3, 2}}},
+      {"log_softmax size-1 softmax dim", lsm(1), {{3, 1}}},
+      {"softmax transposed",
+       [](const auto& v) { return softmax(v[0].transpose(0, 1), -1); },
+       {{4, 3}}},
+      {"log_softmax transposed dim 0",
+       [](const auto& v) { return log_softmax(v[0].transpose(0, 2), 0); },
+       {{2, 3, 4}}},
+      {"softmax narrowed",
+       [](const auto& v) { return softmax(v[0].narrow(1, 1, 3), 1); },
+       {{3, 5}}},
+      {"log_softmax expanded",
+       [](const auto& v) {
+         return log_softmax(v[0].expand({3, 4}), -1);
+       },
+       {{1, 4}}},
+      {"softmax expanded along dim",
+       [](const auto& v) {
+         return softmax(v[0].expand({3, 4}), 0) * v[1];
+       },
+       {{1, 4}, {3, 4}}},
+      {"softmax twice (second order chain)",
+       [](const auto& v) { return log_softmax(softmax(v[0], 1) * 3.0, 0); },
+       {{3, 4}}},
+  });
+}
+
+BOOST_AUTO_TEST_CASE(softmax_parallel_paths_match_reference) {
+  manual_seed(5);
+  // Above the grain: the fast path (rows) and the strided path (dim 0 of a transposed view).
+  const Tensor x = randn({300, 200}, kFloat64) * 4.0;
+  const auto reference = [](const Tensor& t, int64_t dim) {
+    const Tensor e = exp(t - max(t, dim, true).values);
+    return e / e.sum({dim}, true);
+  };
+  expect_close(softmax(x, -1), reference(x, -1), 1e-12, 1e-14, "rows");
+  const Tensor xt = x.transpose(0, 1);
+  expect_close(softmax(xt, 0), reference(xt, 0), 1e-12, 1e-14, "strided");
+  expect_close(log_softmax(x, 0), log(reference(x, 0)), 1e-10, 1e-12, "contiguous dim 0");
+  // Backward above the grain agrees with the composed reference's backward.
+  const Tensor up = randn({300, 200}, kFloat64);
+  const Tensor ours = grad_through([](const Tensor& t) { return softmax(t, 1); }, x, up);
+  const Tensor ref = grad_through([&](const Tensor& t) { return reference(t, 1); }, x, up);
+  expect_close(ours, ref, 1e-9, 1e-12, "backward");
+}
+
+BOOST_AUTO_TEST_CASE(softmax_saves_output_not_graph) {
+  const int64_t nodes = live_nodes(), impls = live_tensor_impls();
+  {
+    Tensor x = randn({4, 5}, kFloat64).requires_grad_();
+    Tensor loss = (log_softmax(softmax(x, 1), 0) * 2.0).sum();
+    loss.backward();
+    BOOST_TEST(x.grad().defined());
+  }
+  BOOST_TEST(live_nodes() == nodes);
+  BOOST_TEST(live_tensor_impls() == impls);
+}
+
+BOOST_AUTO_TEST_CASE(softmax_errors) {
+  const Tensor ints = from_vector(std::vector<int64_t>{1, 2, 3}, {3});
+  expect_error([&] { softmax(ints, 0); }, {"softmax", "Int64"});
+  expect_error([&] { log_softmax(ints, 0); }, {"log_softmax", "Int64"});
+  expect_error([&] { softmax(zeros({2, 3}), 2); }, {"softmax", "dim 2", "2 dims"});
+  expect_error([&] { log_softmax(zeros({2, 3}), -3); }, {"log_softmax", "dim -3"});
+  expect_error([&] { softmax(Tensor(), 0); }, {"softmax", "undefined"});
+}
+
+// --- layer_norm
+
+BOOST_AUTO_TEST_CASE(layer_norm_golden) {
+  Golden g("ops.json");
+  const Tensor x = g["ln_x"], up = g["ln_up"];
+  Tensor w = g["ln_w"].requires_grad_(), b = g["ln_b"].requires_grad_();
+  Tensor xl = x.detach().requires_grad_();
+  const Tensor y = layer_norm(xl, {3, 4}, w, b, 1e-5);
+  expect_close(y, g["ln_y"], 1e-10, 1e-12, "y");
+  y.backward(up);
+  expect_close(xl.grad(), g["ln_dx"], 1e-9, 1e-12, "dx");
+  expect_close(w.grad(), g["ln_dw"], 1e-9, 1e-12, "dw");
+  expect_close(b.grad(), g["ln_db"], 1e-9, 1e-12, "db");
+  expect_close(layer_norm(g["ln1_x"], {6}, {}, {}, 1e-6), g["ln1_y"], 1e-10, 1e-12, "no affine");
+  expect_close(g["ln1_x"].layer_norm({6}, {}, {}, 1e-6), g["ln1_y"], 1e-10, 1e-12, "method");
+  // Float32 agrees.
+  expect_close(layer_norm(x.to(kFloat32), {3, 4}, w.detach().to(kFloat32), b.detach().to(kFloat32))
+                   .to(kFloat64),
+               g["ln_y"], 1e-5, 1e-5, "Float32");
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_gradcheck) {
+  run_grad_cases({
+      {"affine",
+       [](const auto& v) { return layer_norm(v[0], {4}, v[1], v[2]); },
+       {{3, 4}, {4}, {4}}},
+      {"2-D normalized_shape",
+       [](const auto& v) {
+         return layer_norm(v[0], {3, 2}, v[1], v[2]);
+       },
+       {{2, 3, 2}, {3, 2}, {3, 2}}},
+      {"no affine", [](const auto& v) { return layer_norm(v[0], {5}); }, {{2, 5}}},
+      {"weight only", [](const auto& v) { return layer_norm(v[0], {3}, v[1]); }, {{4, 3}, {3}}},
+      {"bias only", [](const auto& v) { return layer_norm(v[0], {3}, {}, v[1]); }, {{4, 3}, {3}}},
+      {"transposed input",
+       [](const auto& v) { return layer_norm(v[0].transpose(0, 1), {3}, v[1], v[2]); },
+       {{3, 4}, {3}, {3}}},
+      {"expanded input",
+       [](const auto& v) {
+         return layer_norm(v[0].expand({3, 4}), {4}, v[1], v[2]);
+       },
+       {{1, 4}, {4}, {4}}},
+      {"1-D input",
+       [](const auto& v) { return layer_norm(v[0], {6}, v[1], v[2]); },
+       {{6}, {6}, {6}}},
+      {"size-1 rows",
+       [](const auto& v) { return layer_norm(v[0], {2}, v[1], v[2]); },
+       {{1, 1, 2}, {2}, {2}}},
+  });
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_constant_row_and_parallel) {
+  // A constant row has zero variance: the output is the bias, the gradient finite.
+  Tensor x = full({2, 8}, 3.25, kFloat64).requires_grad_();
+  Tensor w = ones({8}, kFloat64).requires_grad_(), b = full({8}, 0.5, kFloat64);
+  const Tensor y = layer_norm(x, {8}, w, b);
+  for (double e : y.to_vector<double>()) BOOST_TEST(e == 0.5);
+  (y * arange(0, 16, 1, kFloat64).reshape({2, 8})).sum().backward();
+  for (double e : x.grad().to_vector<double>()) BOOST_TEST(std::isfinite(e));
+  // Large offsets do not cancel: values 1e4 + small noise in Float32.
+  manual_seed(2);
+  const Tensor noisy = randn({4, 64}, kFloat64) + 1e4;
+  expect_close(layer_norm(noisy.to(kFloat32), {64}).to(kFloat64), layer_norm(noisy, {64}), 1e-2,
+               2e-3, "offset");
+  // Above the grain (parallel rows, per-thread dW/dB) matches the composed formula.
+  const Tensor big = randn({200, 256}, kFloat64);
+  const Tensor wt = randn({256}, kFloat64), bt = randn({256}, kFloat64);
+  const Tensor mu = big.mean({-1}, true);
+  const Tensor ref = (big - mu) / sqrt(big.var({-1}, false, true) + 1e-5) * wt + bt;
+  expect_close(layer_norm(big, {256}, wt, bt), ref, 1e-9, 1e-10, "parallel");
+  Tensor wl = wt.detach().requires_grad_(), bl = bt.detach().requires_grad_();
+  const Tensor up = randn({200, 256}, kFloat64);
+  layer_norm(big, {256}, wl, bl).backward(up);
+  const Tensor xhat = (big - mu) / sqrt(big.var({-1}, false, true) + 1e-5);
+  expect_close(wl.grad(), (up * xhat).sum({0}), 1e-9, 1e-9, "parallel dW");
+  expect_close(bl.grad(), up.sum({0}), 1e-9, 1e-9, "parallel dB");
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_errors) {
+  const Tensor x = zeros({2, 3, 5});
+  expect_error(
+      [&] {
+        layer_norm(x, {3, 4});
+      },
+      {"layer_norm", "normalized_shape [3, 4]", "shape [2, 3, 5]"});
+  expect_error([&] { layer_norm(x, {2, 2, 3, 5}); }, {"layer_norm", "[2, 2, 3, 5]"});
+  expect_error([&] { layer_norm(x, {}); }, {"layer_norm", "at least one dim"});
+  expect_error([&] { layer_norm(x, {5}, ones({4})); },
+               {"layer_norm", "weight of shape [4]", "normalized_shape [5]"});
+  expect_error(
+      [&] {
+        layer_norm(x, {5}, ones({5}), zeros({3, 5}));
+      },
+      {"layer_norm", "bias of shape [3, 5]"});
+  expect_error([&] { layer_norm(x, {5}, ones({5}, kFloat64)); },
+               {"layer_norm", "weight is Float64", "Float32"});
+  expect_error([&] { layer_norm(zeros({2, 3}, kInt64), {3}); }, {"layer_norm", "Int64"});
+}
+
+// --- dropout
+
+BOOST_AUTO_TEST_CASE(dropout_statistics_and_seed) {
+  const Tensor x = ones({100000});
+  manual_seed(123);
+  const Tensor y = dropout(x, 0.3, true);
+  const std::vector<float> v = y.to_vector<float>();
+  int64_t zeros_count = 0, other = 0;
+  for (float e : v) {
+    zeros_count += e == 0;
+    other += e != 0 && e != static_cast<float>(1.0 / 0.7);
+  }
+  BOOST_TEST(other == 0);
+  BOOST_TEST(std::abs(zeros_count / 1e5 - 0.3) < 0.01);
+  BOOST_TEST(std::abs(y.mean().item<double>() - 1.0) < 0.01);
+  manual_seed(123);
+  BOOST_TEST((dropout(x, 0.3, true).to_vector<float>() == v));
+  BOOST_TEST((dropout(x, 0.3, true).to_vector<float>() != v));  // the generator moved on
+  BOOST_TEST((x.dropout(0.3, true).shape() == x.shape()));
+}
+
+BOOST_AUTO_TEST_CASE(dropout_identity_backward_errors) {
+  Tensor x = randn({3, 4}, kFloat64).requires_grad_();
+  BOOST_TEST(dropout(x, 0.5, false).same(x));
+  BOOST_TEST(dropout(x, 0.0, true).same(x));
+  // Backward multiplies by the saved mask * scale: dX = y / x elementwise.
+  manual_seed(9);
+  const Tensor y = dropout(x, 0.4, true);
+  y.sum().backward();
+  const std::vector<double> g = x.grad().to_vector<double>(), out = y.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i)
+    BOOST_TEST(g[i] == (out[i] == 0 ? 0.0 : 1.0 / 0.6), boost::test_tools::tolerance(1e-12));
+  check_gradient(
+      [](const auto& v) {
+        manual_seed(4);  // the same mask on every call
+        return dropout(v[0].transpose(0, 1), 0.5, true);
+      },
+      {x.detach().clone().requires_grad_()}, "dropout");
+  expect_error([&] { dropout(x, 1.5, true); },
+               {"dropout: probability has to be in [0, 1), got 1.5"});
+  expect_error([&] { dropout(x, -0.1, false); }, {"dropout", "-0.1"});
+  expect_error([&] { dropout(x, 1.0, true); }, {"dropout", "got 1"});
+  expect_error([&] { dropout(zeros({2}, kInt64), 0.5, true); }, {"dropout", "Int64"});
+}
+
+// --- embedding
+
+BOOST_AUTO_TEST_CASE(embedding_golden_and_grad) {
+  Golden g("ops.json");
+  Tensor w = g["emb_w"].requires_grad_();
+  const Tensor idx = g["emb_idx"];
+  const Tensor y = embedding(w, idx);
+  expect_close(y, g["emb_y"], 0, 0, "gather");
+  y.backward(g["emb_up"]);
+  expect_close(w.grad(), g["emb_dw"], 1e-12, 1e-12, "scatter-add");
+  expect_close(w.embedding(idx), y, 0, 0, "method");
+  // Float32 and a 0-d index.
+  expect_close(
+      embedding(w.detach().to(kFloat32), from_vector(std::vector<int64_t>{4}, {})).to(kFloat64),
+      g["emb_w"].narrow(0, 4, 1).reshape({3}), 1e-7, 0, "0-d index");
+
+  manual_seed(3);
+  const Tensor rep = from_vector(std::vector<int64_t>{2, 0, 2, 2, 4, 1}, {2, 3});
+  run_grad_cases({
+      {"embedding", [=](const auto& v) { return embedding(v[0], rep); }, {{5, 3}}},
+      {"embedding transposed weight",
+       [=](const auto& v) { return embedding(v[0].transpose(0, 1), rep); },
+       {{4, 5}}},
+      {"embedding strided indices",
+       [=](const auto& v) { return embedding(v[0], rep.transpose(0, 1)); },
+       {{5, 2}}},
+  });
+}
+
+BOOST_AUTO_TEST_CASE(embedding_parallel_gather) {
+  manual_seed(8);
+  const Tensor w = randn({50, 512});
+  const Tensor idx = randint(0, 50, {200});
+  const Tensor y = embedding(w, idx);
+  const std::vector<int64_t> iv = idx.to_vector<int64_t>();
+  for (int64_t k : {int64_t(0), int64_t(77), int64_t(199)})
+    expect_close(y.narrow(0, k, 1), w.narrow(0, iv[k], 1), 0, 0, "row");
+}
+
+BOOST_AUTO_TEST_CASE(embedding_errors) {
+  const Tensor w = zeros({11, 4});
+  expect_error(
+      [&] {
+        embedding(w, from_vector(std::vector<int64_t>{1, 12}, {2}));
+      },
+      {"embedding: index 12 out of range for 11 rows"});
+  expect_error([&] { embedding(w, from_vector(std::vector<int64_t>{-1}, {1})); },
+               {"embedding: index -1 out of range for 11 rows"});
+  expect_error([&] { embedding(w, from_vector(std::vector<int64_t>{11}, {1})); },
+               {"embedding: index 11 out of range for 11 rows"});
+  expect_error([&] { embedding(w, tensor({1, 2})); }, {"embedding", "Int64", "Float32"});
+  expect_error([&] { embedding(zeros({11}), from_vector(std::vector<int64_t>{1}, {1})); },
+               {"embedding", "2-D", "[11]"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
