@@ -1,6 +1,9 @@
 // nn::Module: registration, dotted names, train/eval, zero_grad, to(DType), clone; ModuleList,
 // Sequential; nn::init.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "helpers.h"
 #include "nn_modules.h"
@@ -270,6 +273,186 @@ BOOST_AUTO_TEST_CASE(init_functions) {
   Tensor v = zeros({4});
   expect_error([&] { nn::init::xavier_uniform_(v); }, {"xavier_uniform_", "[4]"});
   expect_error([&] { nn::init::uniform_(v, 1, 0); }, {"uniform_", "1", "0"});
+}
+
+// --- layers
+
+namespace {
+
+// The small MLP of the training tests: two Linear layers and a relu.
+struct MLP : nn::Cloneable<MLP> {
+  MLP(int64_t in, int64_t hidden, int64_t out) {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(in, hidden));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, out));
+  }
+  Tensor forward(const Tensor& x) const { return fc2->forward(relu(fc1->forward(x))); }
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+
+ protected:
+  void rebind(const nn::CloneMap& map) override {
+    map(fc1);
+    map(fc2);
+  }
+};
+
+// y = sin(x) on 64 points of [-3, 3]; returns the final training loss.
+double train_sine(MLP& model, optim::Optimizer& opt, int steps) {
+  const Tensor x = arange(-3, 3, 6.0 / 64).unsqueeze(1);
+  const Tensor y = sin(x);
+  double loss_value = 0;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    Tensor loss = mse_loss(model(x), y);
+    loss.backward();
+    opt.step();
+    loss_value = loss.item<double>();
+  }
+  return loss_value;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(linear_init_and_forward) {
+  manual_seed(20);
+  nn::Linear fc(100, 200);
+  BOOST_TEST((fc.weight.shape() == Shape{200, 100}));
+  BOOST_TEST((fc.bias.shape() == Shape{200}));
+  BOOST_TEST(names(fc.named_parameters()) == (std::vector<std::string>{"weight", "bias"}),
+             boost::test_tools::per_element());
+  // PyTorch's default: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias
+  const double bound = 0.1;
+  BOOST_TEST(fc.weight.abs().max().item<double>() <= bound);
+  BOOST_TEST(fc.weight.abs().max().item<double>() > 0.99 * bound);
+  BOOST_TEST(fc.weight.var({0, 1}).item<double>() == bound * bound / 3,
+             boost::test_tools::tolerance(0.05));
+  BOOST_TEST(fc.bias.abs().max().item<double>() <= bound);
+  BOOST_TEST(fc.bias.var({0}).item<double>() > 0);
+  // forward = x @ weight^T + bias, for any leading dims
+  const Tensor x = randn({2, 5, 100});
+  expect_close(fc(x), matmul(x, fc.weight.transpose(0, 1)) + fc.bias, 1e-5, 1e-5);
+  nn::Linear no_bias(3, 2, false);
+  BOOST_TEST(!no_bias.bias.defined());
+  BOOST_TEST(no_bias.parameters().size() == 1u);
+  expect_close(no_bias(ones({1, 3})), no_bias.weight.sum({1}).unsqueeze(0), 1e-6, 1e-6);
+  auto copy = std::dynamic_pointer_cast<nn::Linear>(no_bias.clone());
+  BOOST_TEST(!copy->bias.defined());
+  BOOST_TEST(!copy->weight.same(no_bias.weight));
+  expect_error([] { nn::Linear(0, 3); }, {"Linear", "in_features 0"});
+  expect_error([&] { fc(randn({2, 7})); }, {"linear"});
+}
+
+BOOST_AUTO_TEST_CASE(embedding_layer) {
+  manual_seed(21);
+  nn::Embedding emb(1000, 16);
+  BOOST_TEST((emb.weight.shape() == Shape{1000, 16}));
+  BOOST_TEST(emb.weight.mean().item<double>() == 0.0, boost::test_tools::tolerance(0.03));
+  BOOST_TEST(emb.weight.var({0, 1}).item<double>() == 1.0, boost::test_tools::tolerance(0.03));
+  const Tensor idx = from_vector(std::vector<int64_t>{3, 999, 3, 0}, {2, 2});
+  const Tensor out = emb(idx);
+  BOOST_TEST((out.shape() == Shape{2, 2, 16}));
+  expect_close(out.narrow(0, 0, 1).squeeze(0).narrow(0, 0, 1).squeeze(0),
+               emb.weight.narrow(0, 3, 1).squeeze(0), 0, 0);
+  expect_close(out.narrow(0, 1, 1).squeeze(0).narrow(0, 1, 1).squeeze(0),
+               emb.weight.narrow(0, 0, 1).squeeze(0), 0, 0);
+  expect_error([] { nn::Embedding(0, 3); }, {"Embedding", "num_embeddings 0"});
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_layer) {
+  manual_seed(22);
+  nn::LayerNorm norm(6, 1e-6);
+  BOOST_TEST(norm.weight.to_vector<double>() == std::vector<double>(6, 1.0),
+             boost::test_tools::per_element());
+  BOOST_TEST(norm.bias.to_vector<double>() == std::vector<double>(6, 0.0),
+             boost::test_tools::per_element());
+  {
+    NoGradGuard no_grad;
+    norm.weight.copy_(randn({6}));
+    norm.bias.copy_(randn({6}));
+  }
+  const Tensor x = randn({2, 3, 6}) * 3 + 1;
+  // torch.nn.LayerNorm: (x - mean) / sqrt(biased var + eps) * weight + bias
+  const Tensor mean = x.mean({-1}, true), var = x.var({-1}, false, true);
+  expect_close(norm(x), (x - mean) / (var + 1e-6).sqrt() * norm.weight + norm.bias, 1e-4, 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(dropout_layer) {
+  manual_seed(23);
+  nn::Dropout drop(0.5);
+  const Tensor x = ones({1000});
+  const Tensor y = drop(x);
+  const double zeros_seen = y.eq(0.0).to(kFloat64).sum().item<double>();
+  BOOST_TEST(zeros_seen == 500.0, boost::test_tools::tolerance(0.15));
+  BOOST_TEST(y.max().item<double>() == 2.0);  // survivors scaled by 1/(1-p)
+  drop.eval();
+  expect_close(drop(x), x, 0, 0);
+  expect_error([] { nn::Dropout(1.5); }, {"Dropout", "1.5"});
+}
+
+BOOST_AUTO_TEST_CASE(sequential_of_layers_names_and_gradcheck) {
+  manual_seed(24);
+  nn::Sequential seq(std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::LayerNorm>(4),
+                     std::make_shared<nn::Dropout>(0.1), std::make_shared<nn::Linear>(4, 2));
+  BOOST_TEST(
+      names(seq.named_parameters()) == (std::vector<std::string>{"0.weight", "0.bias", "1.weight",
+                                                                 "1.bias", "3.weight", "3.bias"}),
+      boost::test_tools::per_element());
+  seq.to(kFloat64).eval();
+  // Gradients with respect to the input and every parameter, through the modules.
+  std::vector<Tensor> inputs = {randn({5, 3}, kFloat64).requires_grad_()};
+  for (const Tensor& p : seq.parameters()) inputs.push_back(p);
+  check_gradient([&](const std::vector<Tensor>& v) { return seq(v[0]); }, inputs,
+                 "Sequential(Linear, LayerNorm, Dropout, Linear)");
+  MLP mlp(3, 5, 2);
+  mlp.to(kFloat64);
+  inputs = {randn({4, 3}, kFloat64).transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()};
+  for (const Tensor& p : mlp.parameters()) inputs.push_back(p);
+  check_gradient([&](const std::vector<Tensor>& v) { return mlp(v[0]); }, inputs, "MLP");
+}
+
+BOOST_AUTO_TEST_CASE(mlp_trains_with_sgd_and_adam) {
+  // Fitting sin on [-3, 3] with 1-32-1: the loss starts near 0.5 and must fall below 0.01.
+  manual_seed(25);
+  MLP model(1, 32, 1);
+  auto twin = std::dynamic_pointer_cast<MLP>(model.clone());
+  const Tensor x = arange(-3, 3, 6.0 / 64).unsqueeze(1);
+  const double initial = mse_loss(model(x), sin(x)).item<double>();
+  optim::SGD sgd(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+  const double sgd_loss = train_sine(model, sgd, 1500);
+  BOOST_TEST_MESSAGE("sine MLP: initial " << initial << ", SGD " << sgd_loss);
+  BOOST_TEST(sgd_loss < 0.01);
+  optim::Adam adam(twin->parameters(), {.lr = 0.01});
+  const double adam_loss = train_sine(*twin, adam, 1000);
+  BOOST_TEST_MESSAGE("sine MLP: Adam " << adam_loss);
+  BOOST_TEST(adam_loss < 0.01);
+  BOOST_TEST(initial > 0.05);
+}
+
+BOOST_AUTO_TEST_CASE(readme_example_train_save_load) {
+  // The README's "train a model in 20 lines": Module, Linear, Adam, save, load.
+  manual_seed(26);
+  auto model = std::make_shared<MLP>(2, 16, 1);
+  optim::Adam opt(model->parameters(), {.lr = 0.02});
+  const Tensor x = randn({128, 2});
+  const Tensor y = (x.narrow(1, 0, 1) * x.narrow(1, 1, 1)).tanh();  // a smooth target
+  double loss_value = 1;
+  for (int epoch = 0; epoch < 400; ++epoch) {
+    opt.zero_grad();
+    Tensor loss = mse_loss((*model)(x), y);
+    loss.backward();
+    opt.step();
+    loss_value = loss.item<double>();
+  }
+  BOOST_TEST(loss_value < 0.02);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("ember_readme_{}.safetensors", getpid()))
+                               .string();
+  nn::save(*model, path);
+  MLP restored(2, 16, 1);
+  nn::load(restored, path);
+  std::filesystem::remove(path);
+  restored.eval();
+  expect_close(restored(x), (*model)(x), 0, 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
