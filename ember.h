@@ -16,4 +16,6 @@
 #include "ops/nn_functional.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
 #include "viz/viz.h"

@@ -1,0 +1,54 @@
+// Linear, Embedding, LayerNorm and Dropout: registration and PyTorch's default initialisation.
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "graph/creation.h"
+#include "nn/init.h"
+#include "ops/linalg.h"
+#include "ops/nn_functional.h"
+
+namespace ember::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
+  EMBER_CHECK(in > 0 && out > 0, "Linear: in_features {} and out_features {} must be positive", in,
+              out);
+  // torch: kaiming_uniform_(a=sqrt(5)) for the weight, which is U(-1/sqrt(in), 1/sqrt(in)).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  weight = register_parameter("weight", empty({out, in}));
+  init::uniform_(weight, -bound, bound);
+  if (with_bias) {
+    bias = register_parameter("bias", empty({out}));
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num, int64_t dim) : num_embeddings(num), embedding_dim(dim) {
+  EMBER_CHECK(num > 0 && dim > 0,
+              "Embedding: num_embeddings {} and embedding_dim {} must be positive", num, dim);
+  weight = register_parameter("weight", empty({num, dim}));
+  init::normal_(weight, 0.0, 1.0);
+}
+
+Tensor Embedding::forward(const Tensor& indices) const { return embedding(weight, indices); }
+
+LayerNorm::LayerNorm(int64_t features, double eps) : features(features), eps(eps) {
+  EMBER_CHECK(features > 0, "LayerNorm: features must be positive, got {}", features);
+  EMBER_CHECK(eps >= 0, "LayerNorm: eps must be non-negative, got {}", eps);
+  weight = register_parameter("weight", ones({features}));
+  bias = register_parameter("bias", zeros({features}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, {features}, weight, bias, eps);
+}
+
+Dropout::Dropout(double p) : p(p) {
+  EMBER_CHECK(p >= 0 && p <= 1, "Dropout: probability must be in [0, 1], got {}", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+
+}  // namespace ember::nn

@@ -1,0 +1,259 @@
+// Module's registry walks, train/eval, dtype conversion and cloning; ModuleList and Sequential.
+#include "nn/module.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <typeinfo>
+#include <unordered_set>
+
+#include "graph/autograd.h"
+
+namespace ember::nn {
+
+void CloneMap::operator()(Tensor& t) const {
+  if (!t.defined()) return;
+  const auto it = tensors_.find(t.impl());
+  if (it != tensors_.end()) t = it->second;
+}
+
+Module::~Module() = default;
+
+std::string Module::type_name() const {
+  const char* mangled = typeid(*this).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  const size_t colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+// --- registration
+
+void Module::check_new_name(const std::string& name, std::string_view op) const {
+  EMBER_CHECK(!name.empty(), "{}: empty name in {}", op, type_name());
+  EMBER_CHECK(name.find('.') == std::string::npos, "{}: name '{}' must not contain '.'", op, name);
+  const auto taken = [&](const auto& entries) {
+    for (const auto& e : entries)
+      if (e.first == name) return true;
+    return false;
+  };
+  EMBER_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_),
+              "{}: {} already has a member named '{}'", op, type_name(), name);
+}
+
+Tensor Module::register_parameter(std::string name, Tensor t) {
+  check_new_name(name, "register_parameter");
+  EMBER_CHECK(t.defined(), "register_parameter: '{}' is an undefined tensor", name);
+  EMBER_CHECK(t.is_leaf(),
+              "register_parameter: '{}' of shape {} is not a leaf (it was computed by {}); "
+              "register t.detach()",
+              name, t.shape(), t.is_leaf() ? "" : t.grad_fn()->name());
+  EMBER_CHECK(is_floating(t.dtype()),
+              "register_parameter: '{}' must be Float32 or Float64, got {} of shape {}", name,
+              t.dtype(), t.shape());
+  t.requires_grad_(true);
+  parameters_.emplace_back(std::move(name), t);
+  return t;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor t) {
+  check_new_name(name, "register_buffer");
+  EMBER_CHECK(t.defined(), "register_buffer: '{}' is an undefined tensor", name);
+  buffers_.emplace_back(std::move(name), t);
+  return t;
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> m) {
+  check_new_name(name, "register_module");
+  EMBER_CHECK(m != nullptr, "register_module: '{}' is a null module", name);
+  EMBER_CHECK(m.get() != this, "register_module: '{}' cannot be the module itself", name);
+  children_.emplace_back(std::move(name), std::move(m));
+}
+
+// --- walks
+
+void Module::collect(const std::string& prefix, bool recurse, bool buffers,
+                     NamedTensors& out) const {
+  for (const auto& [name, t] : buffers ? buffers_ : parameters_) out.emplace_back(prefix + name, t);
+  if (!recurse) return;
+  for (const auto& [name, child] : children_)
+    child->collect(prefix + name + ".", true, buffers, out);
+}
+
+namespace {
+
+// Keeps the first name of each tensor, as PyTorch's remove_duplicate.
+NamedTensors unique(NamedTensors all) {
+  std::unordered_set<const TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& entry : all)
+    if (seen.insert(entry.second.impl()).second) out.push_back(std::move(entry));
+  return out;
+}
+
+}  // namespace
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors all;
+  collect("", recurse, false, all);
+  return unique(std::move(all));
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors all;
+  collect("", recurse, true, all);
+  return unique(std::move(all));
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& entry : named_parameters(recurse)) out.push_back(std::move(entry.second));
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out;
+  for (const auto& [prefix, m] : named_modules()) {
+    const std::string dot = prefix.empty() ? "" : prefix + ".";
+    for (const auto& [name, t] : m->parameters_) out.emplace_back(dot + name, t);
+    for (const auto& [name, t] : m->buffers_) out.emplace_back(dot + name, t);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out{{"", this}};
+  for (const auto& [name, child] : children_)
+    for (const auto& [sub, m] : child->named_modules())
+      out.emplace_back(sub.empty() ? name : name + "." + sub, m);
+  return out;
+}
+
+// --- state
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const auto& entry : children_) entry.second->train(on);
+}
+
+void Module::zero_grad() {
+  for (const Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+Module& Module::to(DType dtype) {
+  EMBER_CHECK(is_floating(dtype), "Module::to: only Float32 or Float64 modules, got {}", dtype);
+  NoGradGuard no_grad;
+  NamedTensors all = named_parameters();
+  for (auto& b : named_buffers()) all.push_back(std::move(b));
+  for (const auto& [name, t] : all) {
+    if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
+    // Every handle (members, optimizers) shares this TensorImpl, so swap its data in place.
+    const Tensor converted = t.detach().to(dtype);
+    TensorImpl& impl = *t.impl();
+    impl.storage = converted.impl()->storage;
+    impl.offset = converted.storage_offset();
+    impl.strides = converted.strides();
+    impl.dtype = dtype;
+    if (impl.grad) impl.grad = Tensor(impl.grad).to(dtype).impl_ptr();
+  }
+  return *this;
+}
+
+// --- cloning: see Note [Cloning modules]
+
+std::shared_ptr<Module> Module::clone() const {
+  throw Error(fmt::format(
+      "clone: {} cannot be cloned; derive it from nn::Cloneable<{}> instead of nn::Module",
+      type_name(), type_name()));
+}
+
+std::vector<long> Module::registry_use_counts() const {
+  std::vector<long> counts;
+  for (const auto& e : parameters_) counts.push_back(e.second.impl_ptr().use_count());
+  for (const auto& e : buffers_) counts.push_back(e.second.impl_ptr().use_count());
+  for (const auto& e : children_) counts.push_back(e.second.use_count());
+  return counts;
+}
+
+std::shared_ptr<Module> Module::finish_clone(const Module& original,
+                                             const std::vector<long>& use_counts_before,
+                                             std::shared_ptr<Module> copy) {
+  NoGradGuard no_grad;
+  CloneMap map;
+  const auto deep_copy = [&](Tensor& t) {
+    auto [it, fresh] = map.tensors_.try_emplace(t.impl());
+    if (fresh) {
+      Tensor c = t.detach().clone();
+      if (t.requires_grad()) c.requires_grad_(true);
+      if (t.grad().defined()) c.set_grad(t.grad().clone());
+      it->second = c;
+    }
+    t = it->second;
+  };
+  for (auto& entry : copy->parameters_) deep_copy(entry.second);
+  for (auto& entry : copy->buffers_) deep_copy(entry.second);
+  for (auto& [name, child] : copy->children_) {
+    auto [it, fresh] = map.modules_.try_emplace(child.get());
+    if (fresh) it->second = child->clone();
+    child = it->second;
+  }
+  copy->rebind(map);
+
+  // A handle of the original that gained an owner is still held by a member of the copy.
+  const std::vector<long> after = original.registry_use_counts();
+  const size_t np = original.parameters_.size(), nb = original.buffers_.size();
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (after[i] <= use_counts_before[i]) continue;
+    const std::string& what = i < np        ? original.parameters_[i].first
+                              : i < np + nb ? original.buffers_[i - np].first
+                                            : original.children_[i - np - nb].first;
+    throw Error(fmt::format(
+        "clone: a member of the copy of {} still shares '{}' with the original; point it at the "
+        "copy in {}::rebind (map(member);)",
+        original.type_name(), what, original.type_name()));
+  }
+  return copy;
+}
+
+// --- ModuleList
+
+ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) push_back(std::move(m));
+}
+
+void ModuleList::push_back(std::shared_ptr<Module> m) {
+  EMBER_CHECK(m != nullptr, "ModuleList: cannot add a null module at {}", items_.size());
+  items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+}
+
+const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
+  EMBER_CHECK(i < items_.size(), "ModuleList: index {} out of range for {} modules", i,
+              items_.size());
+  return items_[i];
+}
+
+void ModuleList::rebind(const CloneMap& map) {
+  for (auto& m : items_) map(m);
+}
+
+// --- Sequential
+
+const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
+  EMBER_CHECK(i < items_.size(), "Sequential: index {} out of range for {} modules", i,
+              items_.size());
+  return items_[i];
+}
+
+Tensor Sequential::forward(const Tensor& x) const {
+  Tensor y = x;
+  for (size_t i = 0; i < items_.size(); ++i) y = calls_[i](*items_[i], y);
+  return y;
+}
+
+void Sequential::rebind(const CloneMap& map) {
+  for (auto& m : items_) map(m);
+}
+
+}  // namespace ember::nn

@@ -1,0 +1,181 @@
+// Module: the base of every layer. It holds named parameters, buffers and child modules in
+// registration order, walks them recursively with dotted names ("encoder.layers.0.norm.weight"),
+// propagates train/eval, converts dtypes and deep-copies (clone). ModuleList and Sequential hold
+// indexed children named "0", "1", ...
+//
+// Note [Cloning modules]
+// clone() is PyTorch's copy.deepcopy. A module derives from Cloneable<Derived>, whose clone()
+// copy-constructs Derived (its members then alias the original's tensors and children), gives the
+// copy's registry new storage and cloned children, and finally calls the virtual rebind(map), in
+// which a module points each member handle at the copy's version: `map(weight); map(bias);`.
+// Modules whose only handles live in the registry need no rebind. If a member still shares a
+// registered tensor or child with the original after rebind, clone() throws naming it, so a
+// forgotten line fails loudly instead of silently tying two layers together.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "graph/tensor.h"
+
+namespace ember::nn {
+
+class Module;
+
+// The old-handle -> new-handle map given to Module::rebind during clone().
+class CloneMap {
+ public:
+  // Points t at the copy's tensor when t is a registered tensor of the original; else keeps it.
+  void operator()(Tensor& t) const;
+  // Points m at the copy's child when m is a registered child of the original; else keeps it.
+  template <class M>
+  void operator()(std::shared_ptr<M>& m) const {
+    if (!m) return;
+    const auto it = modules_.find(static_cast<const Module*>(m.get()));
+    if (it != modules_.end()) m = std::static_pointer_cast<M>(it->second);
+  }
+
+ private:
+  friend class Module;
+  std::unordered_map<const TensorImpl*, Tensor> tensors_;
+  std::unordered_map<const Module*, std::shared_ptr<Module>> modules_;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using NamedModules = std::vector<std::pair<std::string, std::shared_ptr<Module>>>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module();
+  Module& operator=(const Module&) = delete;
+
+  // Parameters of this module and (recurse) its descendants, each tensor once, in registration
+  // order: own parameters first, then each child's under "child.".
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  // Parameters and buffers under every name (shared tensors repeat), in PyTorch's state_dict
+  // order: a module's parameters, then its buffers, then each child's. What save() writes.
+  NamedTensors state_dict() const;
+  NamedModules named_children() const { return children_; }
+  // This module ("") and every descendant, depth first.
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Gradients become undefined (PyTorch's set_to_none).
+  void zero_grad();
+  // Converts floating parameters and buffers in place: every handle to them sees the new dtype.
+  Module& to(DType dtype);
+  // A deep copy with new storage; see Note [Cloning modules].
+  virtual std::shared_ptr<Module> clone() const;
+  // The class name, for messages ("Linear").
+  std::string type_name() const;
+
+ protected:
+  Module(const Module&) = default;  // for Cloneable only: members alias until rebind
+  // Registers a floating leaf as a parameter and sets its requires_grad; returns the same handle.
+  Tensor register_parameter(std::string name, Tensor t);
+  // Registers a tensor saved with the module but not trained (e.g. a positional table).
+  Tensor register_buffer(std::string name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
+    add_child(std::move(name), m);
+    return m;
+  }
+  // Points member handles at the copy's tensors and children; see Note [Cloning modules].
+  virtual void rebind(const CloneMap&) {}
+  // How many handles share each registered tensor and child (taken before copying).
+  std::vector<long> registry_use_counts() const;
+  // clone()'s work after Derived's copy constructor: new storage, cloned children, rebind, and
+  // the check that no member still shares the original's tensors or children.
+  static std::shared_ptr<Module> finish_clone(const Module& original,
+                                              const std::vector<long>& use_counts_before,
+                                              std::shared_ptr<Module> copy);
+
+ private:
+  void check_new_name(const std::string& name, std::string_view op) const;
+  void add_child(std::string name, std::shared_ptr<Module> m);
+  void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors& out) const;
+
+  NamedTensors parameters_;
+  NamedTensors buffers_;
+  NamedModules children_;
+  bool training_ = true;
+};
+
+// Gives Derived a clone() built on its copy constructor; see Note [Cloning modules].
+template <class Derived>
+class Cloneable : public Module {
+ public:
+  std::shared_ptr<Module> clone() const override {
+    const std::vector<long> counts = registry_use_counts();
+    return finish_clone(*this, counts,
+                        std::make_shared<Derived>(static_cast<const Derived&>(*this)));
+  }
+};
+
+// An indexed list of modules, named "0", "1", ... (layers.0.weight).
+class ModuleList : public Cloneable<ModuleList> {
+ public:
+  ModuleList() = default;
+  explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
+  void push_back(std::shared_ptr<Module> m);
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  // The i-th module as an M (throws when it is another type).
+  template <class M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    EMBER_CHECK(m != nullptr, "ModuleList: item {} is a {}, not the requested type", i,
+                (*this)[i]->type_name());
+    return m;
+  }
+  size_t size() const { return items_.size(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ protected:
+  void rebind(const CloneMap& map) override;
+
+ private:
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+// Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential.
+class Sequential : public Cloneable<Sequential> {
+ public:
+  Sequential() = default;
+  template <class... Ms>
+  explicit Sequential(std::shared_ptr<Ms>... modules) {
+    (push_back(std::move(modules)), ...);
+  }
+  // M needs forward(const Tensor&) -> Tensor.
+  template <class M>
+  void push_back(std::shared_ptr<M> m) {
+    EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", items_.size());
+    calls_.push_back(+[](Module& module, const Tensor& x) -> Tensor {
+      return static_cast<M&>(module).forward(x);
+    });
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+  }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  size_t size() const { return items_.size(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+ protected:
+  void rebind(const CloneMap& map) override;
+
+ private:
+  std::vector<std::shared_ptr<Module>> items_;
+  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // items_[i]'s forward, typed
+};
+
+}  // namespace ember::nn

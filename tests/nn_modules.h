@@ -1,0 +1,67 @@
+// Small modules shared by the nn and serialization tests, built only from registration and
+// elementwise ops: an Affine layer (parameters w, b and an Int64 buffer) and a Block that nests
+// an Affine, a ModuleList of Affines and its own parameter and buffers.
+#pragma once
+
+#include "ember.h"
+
+namespace ember::testing {
+
+// y = x * w + b over the last dim.
+struct Affine : nn::Cloneable<Affine> {
+  explicit Affine(int64_t n, DType dtype = kFloat32) {
+    w = register_parameter("w", randn({n}, dtype));
+    b = register_parameter("b", randn({n}, dtype));
+    count = register_buffer("count", zeros({1}, kInt64));
+  }
+  Tensor forward(const Tensor& x) const { return x * w + b; }
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+  Tensor w, b, count;
+
+ protected:
+  void rebind(const nn::CloneMap& map) override {
+    map(w);
+    map(b);
+    map(count);
+  }
+};
+
+struct Block : nn::Cloneable<Block> {
+  explicit Block(int64_t n) {
+    scale = register_parameter("scale", ones({n, n}, kFloat64));
+    first = register_module("first", std::make_shared<Affine>(n));
+    layers = register_module("layers", std::make_shared<nn::ModuleList>());
+    layers->push_back(std::make_shared<Affine>(n));
+    layers->push_back(std::make_shared<Affine>(n));
+    mask = register_buffer("mask", tensor({1, 0, 1}, kBool));
+    empty_table = register_buffer("empty_table", zeros({0, n}));
+    step = register_buffer("step", scalar_tensor(7, kFloat64));
+  }
+  Tensor forward(const Tensor& x) const {
+    Tensor y = first->forward(x);
+    for (const auto& layer : *layers) y = static_cast<Affine&>(*layer).forward(y);
+    return y;
+  }
+  Tensor scale, mask, empty_table, step;
+  std::shared_ptr<Affine> first;
+  std::shared_ptr<nn::ModuleList> layers;
+
+ protected:
+  void rebind(const nn::CloneMap& map) override {
+    map(scale);
+    map(mask);
+    map(empty_table);
+    map(step);
+    map(first);
+    map(layers);
+  }
+};
+
+// Every value of a module's state, by name, as doubles (bit-exact for Float32/Float64/Int64/Bool).
+inline std::vector<std::pair<std::string, std::vector<double>>> snapshot(const nn::Module& m) {
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  for (const auto& [name, t] : m.state_dict()) out.emplace_back(name, t.to_vector<double>());
+  return out;
+}
+
+}  // namespace ember::testing
