@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Joins ember_bench and bench_torch.py JSON outputs into one Markdown table: workload, threads,
+Ember median, PyTorch median, ratio Ember/PyTorch, GFLOP/s of both for GEMM-bound workloads next
+to the plain sgemm rate at a comparable size, and each side's peak RSS.
+
+    bench/compare.py DIR_OR_JSON...   (every *.json in a directory; files name their side)
+"""
+import glob
+import json
+import os
+import sys
+
+# The sgemm reference row (Ember's cblas_sgemm at the same thread count) for each GEMM-bound
+# workload: the size of its largest products.
+SGEMM_REF = {
+    "op/linear": "sgemm/1024x512x2048",
+    "op/bmm": "sgemm/1024x512x512",
+    "transformer/A": "sgemm/800x512x2048",
+    "transformer/C": "sgemm/1024x512x2048",
+}
+
+
+def load(paths):
+    rows = {}  # (name, threads) -> {side: result}
+    order = []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
+        for f in files:
+            with open(f) as fh:
+                doc = json.load(fh)
+            for r in doc["results"]:
+                key = (r["name"], doc["threads"])
+                if key not in rows:
+                    rows[key] = {}
+                    order.append(key)
+                rows[key][doc["side"]] = r
+    return rows, order
+
+
+def fmt_time(s):
+    if s is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}" if s / scale < 100 else f"{s / scale:.0f} {unit}"
+    return f"{s * 1e9:.0f} ns"
+
+
+def gflops(r):
+    return r["flops"] / r["median_s"] * 1e-9 if r and r.get("flops") else None
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    rows, order = load(argv[1:])
+    threads = sorted({t for _, t in order})
+    names = []
+    for n, _ in order:
+        if n not in names:
+            names.append(n)
+    print("| workload | threads | Ember median | PyTorch median | Ember/PyTorch "
+          "| GFLOP/s Ember / PyTorch / sgemm | max RSS MB Ember / PyTorch |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        for t in threads:
+            sides = rows.get((name, t))
+            if not sides:
+                continue
+            e, p = sides.get("ember"), sides.get("pytorch")
+            em, pm = (e or {}).get("median_s"), (p or {}).get("median_s")
+            ratio = f"{em / pm:.2f}" if em and pm else "-"
+            rate = ""
+            if gflops(e) or gflops(p):
+                ref = next((v for k, v in SGEMM_REF.items() if name.startswith(k)), None)
+                ref_rate = gflops(rows.get((ref, t), {}).get("ember")) if ref else None
+                rate = " / ".join(f"{x:.1f}" if x else "-"
+                                  for x in (gflops(e), gflops(p), ref_rate))
+            rss = " / ".join(f"{r['max_rss_kb'] / 1024:.0f}" if r else "-" for r in (e, p))
+            print(f"| {name} | {t} | {fmt_time(em)} | {fmt_time(pm)} | {ratio} | {rate} | {rss} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,256 @@
+// ember_bench: Ember's side of the benchmark suite (issue 7). Each workload has a twin with the
+// same shapes, steps and timing method in bench/pytorch/bench_torch.py; bench/compare.py joins
+// the two JSON files into one table and bench/run.sh runs both at 1 and 2 threads.
+//
+//   ember_bench [--threads N] [--filter substr] [--exact name] [--json out.json] [--time s]
+//               [--list] [--smoke]
+//
+// Workloads: op level forward+backward (softmax, layer_norm, bmm, linear), the per-op overhead of
+// `x + 1` on one element, a sgemm reference rate, one epoch of D2L's parametric Nadaraya-Watson
+// regression, and (bench/transformer_steps.cpp) Annotated Transformer training steps.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/harness.h"
+#include "ember.h"
+
+namespace ember::bench {
+
+std::vector<Workload>& registry() {
+  static std::vector<Workload> workloads;
+  return workloads;
+}
+
+namespace {
+
+void add(std::string name, double flops, std::function<std::function<void()>(bool)> make) {
+  registry().push_back({std::move(name), flops, std::move(make)});
+}
+
+// A leaf of `shape` with values ~ U(-1, 1) that requires grad.
+Tensor leaf(const Shape& shape) { return (rand(shape) * 2 - 1).requires_grad_(); }
+
+// y = f(inputs); y.backward(grad_out) with a fixed random grad_out; the inputs' grads are
+// dropped after each step (set_to_none), so every step does the same work.
+std::function<void()> forward_backward(std::vector<Tensor> inputs,
+                                       std::function<Tensor(const std::vector<Tensor>&)> f,
+                                       const Shape& out_shape) {
+  Tensor grad_out = rand(out_shape);
+  return [inputs = std::move(inputs), f = std::move(f), grad_out] {
+    f(inputs).backward(grad_out);
+    for (const Tensor& t : inputs) t.set_grad(Tensor());
+  };
+}
+
+}  // namespace
+
+// --- op level: forward + backward of the hot ops, and the per-op overhead
+
+void add_op_workloads() {
+  add("op/softmax (64,8,32,32) dim -1", 0, [](bool tiny) {
+    const Shape s = tiny ? Shape{2, 2, 4, 4} : Shape{64, 8, 32, 32};
+    return forward_backward(
+        {leaf(s)}, [](auto& v) { return softmax(v[0], -1); }, s);
+  });
+  add("op/layer_norm (1024,512)", 0, [](bool tiny) {
+    const int64_t m = tiny ? 4 : 1024, n = tiny ? 8 : 512;
+    return forward_backward({leaf({m, n}), ones({n}).requires_grad_(), zeros({n}).requires_grad_()},
+                            [n](auto& v) { return layer_norm(v[0], {n}, v[1], v[2]); }, {m, n});
+  });
+  // Forward m·n·k multiply-adds, backward twice that: 3 · 2mnk per matrix.
+  add("op/bmm (256,32,64)x(256,64,32)", 3.0 * 2 * 256 * 32 * 64 * 32, [](bool tiny) {
+    const int64_t b = tiny ? 2 : 256;
+    return forward_backward({leaf({b, 32, 64}), leaf({b, 64, 32})},
+                            [](auto& v) { return bmm(v[0], v[1]); }, {b, 32, 32});
+  });
+  add("op/linear 512->2048 on (1024,512)", 3.0 * 2 * 1024 * 512 * 2048, [](bool tiny) {
+    const int64_t m = tiny ? 4 : 1024, k = tiny ? 8 : 512, n = tiny ? 16 : 2048;
+    return forward_backward({leaf({m, k}), leaf({n, k}), leaf({n})},
+                            [](auto& v) { return linear(v[0], v[1], v[2]); }, {m, n});
+  });
+  add("overhead/x+1 forward", 0, [](bool) {
+    Tensor x = rand({1});
+    return std::function<void()>([x] { (void)(x + 1); });
+  });
+  add("overhead/x+1 requires_grad fwd+bwd", 0, [](bool) {
+    Tensor x = rand({1}).requires_grad_();
+    return std::function<void()>([x] {
+      (x + 1).backward();
+      x.set_grad(Tensor());
+    });
+  });
+  // The reference rate: one (m, k) x (k, n) sgemm through ember::gemm (no autograd), at the
+  // sizes of the linear layers above and in the transformer steps.
+  for (const auto [m, k, n] :
+       {std::array<int64_t, 3>{1024, 512, 2048}, std::array<int64_t, 3>{800, 512, 2048},
+        std::array<int64_t, 3>{1024, 512, 512}}) {
+    add(fmt::format("sgemm/{}x{}x{}", m, k, n), 2.0 * m * k * n, [m, k, n](bool tiny) {
+      const int64_t s = tiny ? 16 : 1;
+      Tensor a = rand({m / s, k / s}), b = rand({k / s, n / s}), c = empty({m / s, n / s});
+      return std::function<void()>([a, b, c] { gemm(a, b, c); });
+    });
+  }
+}
+
+// --- D2L 11.2 parametric attention pooling: one epoch of training
+
+namespace {
+
+struct NWData {
+  Tensor x_train, y_train, keys, values;
+};
+
+// As D2L: sorted x ~ 5·U(0,1), y = 2 sin x + x^0.8 + N(0, 0.5²); each training point's keys and
+// values are all the other points (the diagonal of the (n, n) tile masked out).
+NWData nw_data(int64_t n_train) {
+  NWData d;
+  d.x_train = sort(rand({n_train}) * 5).values;
+  d.y_train = 2 * sin(d.x_train) + pow(d.x_train, 0.8) + normal(0.0, 0.5, {n_train});
+  const Tensor off_diagonal = logical_not(eye(n_train).to(kBool));
+  d.keys = masked_select(d.x_train.repeat({n_train, 1}), off_diagonal).reshape({n_train, -1});
+  d.values = masked_select(d.y_train.repeat({n_train, 1}), off_diagonal).reshape({n_train, -1});
+  return d;
+}
+
+// NWKernelRegression.forward: queries (n), keys and values (n, m):
+//   attention_weights = softmax(-((queries - keys) * w)² / 2, dim 1);  y = Σ_j weights · values
+Tensor nw_forward(const Tensor& w, const Tensor& queries, const Tensor& keys,
+                  const Tensor& values) {
+  const int64_t m = keys.size(1);
+  const Tensor q = queries.repeat_interleave(m).reshape({-1, m});
+  const Tensor attention_weights = softmax(-pow((q - keys) * w, 2) / 2, 1);
+  return bmm(attention_weights.unsqueeze(1), values.unsqueeze(-1)).reshape({-1});
+}
+
+}  // namespace
+
+void add_nw_workloads() {
+  for (const int64_t n : {50, 1000, 4000}) {
+    add(fmt::format("nw/epoch n_train={}", n), 0, [n](bool tiny) {
+      const NWData d = nw_data(tiny ? 5 : n);
+      Tensor w = rand({1}).requires_grad_();
+      auto trainer = std::make_shared<optim::SGD>(std::vector<Tensor>{w}, optim::SGDOptions{0.5});
+      return std::function<void()>([d, w, trainer] {
+        trainer->zero_grad();
+        const Tensor l =
+            mse_loss(nw_forward(w, d.x_train, d.keys, d.values), d.y_train, Reduction::None);
+        l.sum().backward();
+        trainer->step();
+      });
+    });
+  }
+}
+
+}  // namespace ember::bench
+
+namespace {
+
+struct Options {
+  int threads = 1;
+  std::vector<std::string> filters;
+  std::string exact, json;
+  double target = 1.0;
+  bool list = false, smoke = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "ember_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--threads")
+      o.threads = std::atoi(value().c_str());
+    else if (a == "--filter")
+      o.filters.push_back(value());
+    else if (a == "--exact")
+      o.exact = value();
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--time")
+      o.target = std::atof(value().c_str());
+    else if (a == "--list")
+      o.list = true;
+    else if (a == "--smoke")
+      o.smoke = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: ember_bench [--threads N] [--filter substr]... [--exact name] "
+                   "[--json out.json] [--time seconds] [--list] [--smoke]\n");
+      std::exit(a == "--help" || a == "-h" ? 0 : 2);
+    }
+  }
+  return o;
+}
+
+bool selected(const Options& o, const std::string& name) {
+  if (!o.exact.empty()) return name == o.exact;
+  if (o.filters.empty()) return true;
+  for (const std::string& f : o.filters)
+    if (name.find(f) != std::string::npos) return true;
+  return false;
+}
+
+int64_t max_rss_kb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ember::bench;
+  const Options o = parse(argc, argv);
+  ember::set_num_threads(o.threads);
+  add_op_workloads();
+  add_nw_workloads();
+
+  nlohmann::json results = nlohmann::json::array();
+  for (const Workload& w : registry()) {
+    if (!selected(o, w.name)) continue;
+    if (o.list) {
+      std::cout << w.name << '\n';
+      continue;
+    }
+    ember::manual_seed(0);
+    const std::function<void()> step = w.make(o.smoke);
+    if (o.smoke) {
+      step();
+      std::cout << fmt::format("{:<44} ok\n", w.name);
+      continue;
+    }
+    const Timing t = time_steps(step, o.target);
+    const int64_t rss = max_rss_kb();
+    std::string rate;
+    if (w.flops > 0) rate = fmt::format("{:8.1f} GFLOP/s", w.flops / t.median_s * 1e-9);
+    std::cout << fmt::format("{:<44} median {:>11.3f} us  min {:>11.3f} us  ({}x{})  {}\n", w.name,
+                             t.median_s * 1e6, t.min_s * 1e6, t.samples, t.inner, rate)
+              << std::flush;
+    results.push_back({{"name", w.name},
+                       {"median_s", t.median_s},
+                       {"min_s", t.min_s},
+                       {"samples", t.samples},
+                       {"inner", t.inner},
+                       {"flops", w.flops},
+                       {"max_rss_kb", rss}});
+  }
+  if (!o.json.empty() && !o.list && !o.smoke) {
+    const nlohmann::json doc = {{"side", "ember"}, {"threads", o.threads}, {"results", results}};
+    std::ofstream(o.json) << doc.dump(2) << '\n';
+  }
+  return 0;
+}

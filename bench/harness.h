@@ -1,0 +1,69 @@
+// The benchmark harness: a registry of named workloads and a steady_clock timer that warms a
+// workload up, picks how many repetitions fill about `target` seconds, and reports the median
+// and the minimum of the timed samples (the same method as bench/pytorch/bench_torch.py).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ember::bench {
+
+// One benchmark: make(tiny) sets up its tensors and returns the step to time. `tiny` shrinks the
+// shapes for the --smoke run. flops: floating-point operations per step for GEMM-bound
+// workloads (0: not reported).
+struct Workload {
+  std::string name;
+  double flops = 0;
+  std::function<std::function<void()>(bool tiny)> make;
+};
+
+// Every workload, in the order they run; each family's file appends its own.
+std::vector<Workload>& registry();
+void add_op_workloads();
+void add_nw_workloads();
+
+struct Timing {
+  double median_s = 0, min_s = 0;  // per step
+  int64_t samples = 0, inner = 0;  // samples, each of `inner` steps
+};
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Warm-up (at least one step and ~10% of the target), then `samples` timed samples of `inner`
+// steps each, inner chosen so a sample lasts at least a millisecond and target / 200 (timer
+// resolution and the loop itself stay negligible for sub-microsecond steps), samples so that all
+// of them last about `target` seconds (at least 3, at most 200).
+inline Timing time_steps(const std::function<void()>& step, double target) {
+  using clock = std::chrono::steady_clock;
+  const auto w0 = clock::now();
+  int64_t warm = 0;
+  do {
+    step();
+    ++warm;
+  } while (seconds_since(w0) < 0.1 * target && warm < 100000);
+  const double estimate = std::max(seconds_since(w0) / static_cast<double>(warm), 1e-9);
+
+  Timing t;
+  t.inner = static_cast<int64_t>(std::ceil(std::max(1e-3, target / 200) / estimate));
+  t.samples = std::clamp<int64_t>(static_cast<int64_t>(target / (estimate * t.inner)), 3, 200);
+  std::vector<double> per_step;
+  per_step.reserve(t.samples);
+  for (int64_t s = 0; s < t.samples; ++s) {
+    const auto t0 = clock::now();
+    for (int64_t i = 0; i < t.inner; ++i) step();
+    per_step.push_back(seconds_since(t0) / static_cast<double>(t.inner));
+  }
+  std::sort(per_step.begin(), per_step.end());
+  const size_t n = per_step.size();
+  t.median_s = n % 2 ? per_step[n / 2] : 0.5 * (per_step[n / 2 - 1] + per_step[n / 2]);
+  t.min_s = per_step.front();
+  return t;
+}
+
+}  // namespace ember::bench

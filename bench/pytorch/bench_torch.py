@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""PyTorch's side of Ember's benchmark suite: the workloads of bench/ember_bench.cpp with the
+same shapes, steps and timing method (warm-up for ~10% of the target time, then samples of
+`inner` steps each, inner chosen so a sample lasts >= 1 ms and >= target / 200, samples so all
+last ~target seconds, 3..200 of them; median and min per step). Run with Debian's python3-torch:
+
+    OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N /usr/bin/python3 bench/pytorch/bench_torch.py \
+        --threads N [--filter substr]... [--exact name] [--json out.json] [--list] [--smoke]
+"""
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+from torch import nn
+
+WORKLOADS = []  # (name, flops, make(tiny) -> step)
+
+
+def workload(name, flops=0.0):
+    def register(make):
+        WORKLOADS.append((name, flops, make))
+        return make
+    return register
+
+
+def leaf(*shape):
+    return (torch.rand(shape) * 2 - 1).requires_grad_()
+
+
+def forward_backward(inputs, f, out_shape):
+    """y = f(inputs); y.backward(grad_out); the inputs' grads set to None after each step."""
+    grad_out = torch.rand(out_shape)
+
+    def step():
+        f(inputs).backward(grad_out)
+        for t in inputs:
+            t.grad = None
+    return step
+
+
+# --- op level: forward + backward of the hot ops, and the per-op overhead
+
+@workload("op/softmax (64,8,32,32) dim -1")
+def _(tiny):
+    s = (2, 2, 4, 4) if tiny else (64, 8, 32, 32)
+    return forward_backward([leaf(*s)], lambda v: torch.softmax(v[0], -1), s)
+
+
+@workload("op/layer_norm (1024,512)")
+def _(tiny):
+    m, n = (4, 8) if tiny else (1024, 512)
+    inputs = [leaf(m, n), torch.ones(n, requires_grad=True), torch.zeros(n, requires_grad=True)]
+    return forward_backward(
+        inputs, lambda v: nn.functional.layer_norm(v[0], (n,), v[1], v[2]), (m, n))
+
+
+@workload("op/bmm (256,32,64)x(256,64,32)", 3.0 * 2 * 256 * 32 * 64 * 32)
+def _(tiny):
+    b = 2 if tiny else 256
+    return forward_backward([leaf(b, 32, 64), leaf(b, 64, 32)],
+                            lambda v: torch.bmm(v[0], v[1]), (b, 32, 32))
+
+
+@workload("op/linear 512->2048 on (1024,512)", 3.0 * 2 * 1024 * 512 * 2048)
+def _(tiny):
+    m, k, n = (4, 8, 16) if tiny else (1024, 512, 2048)
+    return forward_backward([leaf(m, k), leaf(n, k), leaf(n)],
+                            lambda v: nn.functional.linear(v[0], v[1], v[2]), (m, n))
+
+
+@workload("overhead/x+1 forward")
+def _(tiny):
+    x = torch.rand(1)
+    return lambda: x + 1
+
+
+@workload("overhead/x+1 requires_grad fwd+bwd")
+def _(tiny):
+    x = torch.rand(1, requires_grad=True)
+
+    def step():
+        (x + 1).backward()
+        x.grad = None
+    return step
+
+
+def sgemm(m, k, n):
+    @workload(f"sgemm/{m}x{k}x{n}", 2.0 * m * k * n)
+    def _(tiny):
+        s = 16 if tiny else 1
+        a, b = torch.rand(m // s, k // s), torch.rand(k // s, n // s)
+        c = torch.empty(m // s, n // s)
+        return lambda: torch.mm(a, b, out=c)
+
+
+for _m, _k, _n in [(1024, 512, 2048), (800, 512, 2048), (1024, 512, 512)]:
+    sgemm(_m, _k, _n)
+
+
+# --- D2L 11.2 parametric attention pooling: one epoch of training
+
+class NWKernelRegression(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand((1,), requires_grad=True))
+
+    def forward(self, queries, keys, values):
+        queries = queries.repeat_interleave(keys.shape[1]).reshape((-1, keys.shape[1]))
+        self.attention_weights = nn.functional.softmax(
+            -((queries - keys) * self.w)**2 / 2, dim=1)
+        return torch.bmm(self.attention_weights.unsqueeze(1), values.unsqueeze(-1)).reshape(-1)
+
+
+def nw_epoch(n):
+    @workload(f"nw/epoch n_train={n}")
+    def _(tiny):
+        n_train = 5 if tiny else n
+        x_train, _ = torch.sort(torch.rand(n_train) * 5)
+        y_train = 2 * torch.sin(x_train) + x_train**0.8 + torch.normal(0.0, 0.5, (n_train,))
+        off_diagonal = (1 - torch.eye(n_train)).type(torch.bool)
+        keys = x_train.repeat((n_train, 1))[off_diagonal].reshape((n_train, -1))
+        values = y_train.repeat((n_train, 1))[off_diagonal].reshape((n_train, -1))
+        net = NWKernelRegression()
+        loss = nn.MSELoss(reduction='none')
+        trainer = torch.optim.SGD(net.parameters(), lr=0.5)
+
+        def step():
+            trainer.zero_grad()
+            l = loss(net(x_train, keys, values), y_train)
+            l.sum().backward()
+            trainer.step()
+        return step
+
+
+for _n in (50, 1000, 4000):
+    nw_epoch(_n)
+
+
+# --- harness
+
+def time_steps(step, target):
+    w0 = time.perf_counter()
+    warm = 0
+    while True:
+        step()
+        warm += 1
+        if time.perf_counter() - w0 >= 0.1 * target or warm >= 100000:
+            break
+    estimate = max((time.perf_counter() - w0) / warm, 1e-9)
+    inner = max(1, math.ceil(max(1e-3, target / 200) / estimate))
+    samples = min(max(int(target / (estimate * inner)), 3), 200)
+    per_step = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        per_step.append((time.perf_counter() - t0) / inner)
+    per_step.sort()
+    k = len(per_step)
+    median = per_step[k // 2] if k % 2 else 0.5 * (per_step[k // 2 - 1] + per_step[k // 2])
+    return median, per_step[0], samples, inner
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--filter", action="append", default=[])
+    p.add_argument("--exact", default="")
+    p.add_argument("--json", default="")
+    p.add_argument("--time", type=float, default=1.0)
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+
+    def selected(name):
+        if a.exact:
+            return name == a.exact
+        return not a.filter or any(f in name for f in a.filter)
+
+    results = []
+    for name, flops, make in WORKLOADS:
+        if not selected(name):
+            continue
+        if a.list:
+            print(name)
+            continue
+        torch.manual_seed(0)
+        step = make(a.smoke)
+        if a.smoke:
+            step()
+            print(f"{name:<44} ok")
+            continue
+        median, best, samples, inner = time_steps(step, a.time)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rate = f"{flops / median * 1e-9:8.1f} GFLOP/s" if flops else ""
+        print(f"{name:<44} median {median * 1e6:11.3f} us  min {best * 1e6:11.3f} us  "
+              f"({samples}x{inner})  {rate}", flush=True)
+        results.append(dict(name=name, median_s=median, min_s=best, samples=samples,
+                            inner=inner, flops=flops, max_rss_kb=rss))
+    if a.json and not a.list and not a.smoke:
+        with open(a.json, "w") as f:
+            json.dump(dict(side="pytorch", threads=a.threads, torch=torch.__version__,
+                           results=results), f, indent=2)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

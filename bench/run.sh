@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Ember vs PyTorch, side by side: installs Debian's python3-torch when missing (never linked),
+# builds ember_bench in Release, runs every workload of both sides at 1 and 2 threads, each
+# workload in its own process (so max RSS is that workload's), and prints one table.
+#
+#   bench/run.sh [BUILD_DIR] [ember_bench selection args, e.g. --filter nw/]
+#   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+BUILD=${1:-build}
+shift || true
+SELECT=("$@")
+OUT=${BENCH_OUT:-$BUILD/bench-results}
+PY=/usr/bin/python3
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "installing python3-torch (the reference side; never linked)"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
+fi
+[ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD" -j"${JOBS:-2}" --target ember_bench
+BIN="$BUILD/bench/ember_bench"
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(uptime | sed 's/.*load average: //')"
+mapfile -t NAMES < <("$BIN" --list "${SELECT[@]}")
+for threads in ${BENCH_THREADS:-1 2}; do
+  ENV=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" EMBER_NUM_THREADS="$threads")
+  [ "$threads" -ge 2 ] && ENV+=(OMP_WAIT_POLICY=PASSIVE)
+  echo "--- $threads thread(s)"
+  i=0
+  for name in "${NAMES[@]}"; do
+    i=$((i + 1))
+    # Alternate the sides workload by workload, so a burst of load on the machine hits both.
+    env "${ENV[@]}" "$BIN" --threads "$threads" --time "${BENCH_TIME:-1.0}" --exact "$name" \
+      --json "$OUT/ember-t$threads-$i.json" | sed 's/^/ember   /'
+    env "${ENV[@]}" "$PY" bench/pytorch/bench_torch.py --threads "$threads" \
+      --time "${BENCH_TIME:-1.0}" --exact "$name" --json "$OUT/torch-t$threads-$i.json" |
+      sed 's/^/pytorch /'
+  done
+done
+echo
+"$PY" bench/compare.py "$OUT" | tee "$OUT/table.md"
