@@ -7,6 +7,7 @@
 #include "graph/error.h"
 #include "graph/gradcheck.h"
 #include "graph/parallel.h"
+#include "graph/profile.h"
 #include "graph/random.h"
 #include "graph/tensor.h"
 #include "ops/elementwise.h"

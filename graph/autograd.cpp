@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "ops/elementwise.h"
 #include "ops/reduce.h"
 
@@ -203,7 +204,11 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     buffers.erase(node);
     bool any_grad = false;
     for (const Tensor& g : grads_out) any_grad = any_grad || g.defined();
-    std::vector<Tensor> grads_in = any_grad ? node->apply(grads_out) : std::vector<Tensor>{};
+    std::vector<Tensor> grads_in;
+    if (any_grad) {
+      profile::Scope scope(node->name());
+      grads_in = node->apply(grads_out);
+    }
     if (!retain_graph) node->release_saved();
 
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
