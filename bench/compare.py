@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Joins ember_bench and bench_torch.py JSON outputs into one Markdown table: workload, threads,
-Ember median, PyTorch median, ratio Ember/PyTorch, GFLOP/s of both for GEMM-bound workloads next
-to the plain sgemm rate at a comparable size, and each side's peak RSS.
+Ember median, PyTorch median, ratio Ember/PyTorch (wall time), the same ratio of CPU time per step
+(robust when other processes share the cores), GFLOP/s of both for GEMM-bound workloads next to
+the plain sgemm rate at a comparable size, and each side's peak RSS.
 
     bench/compare.py DIR_OR_JSON...   (every *.json in a directory; files name their side)
 """
@@ -61,8 +62,9 @@ def main(argv):
         if n not in names:
             names.append(n)
     print("| workload | threads | Ember median | PyTorch median | Ember/PyTorch "
+          "| CPU/step Ember / PyTorch | CPU ratio "
           "| GFLOP/s Ember / PyTorch / sgemm | max RSS MB Ember / PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         for t in threads:
             sides = rows.get((name, t))
@@ -71,6 +73,9 @@ def main(argv):
             e, p = sides.get("ember"), sides.get("pytorch")
             em, pm = (e or {}).get("median_s"), (p or {}).get("median_s")
             ratio = f"{em / pm:.2f}" if em and pm else "-"
+            ec, pc = (e or {}).get("cpu_s"), (p or {}).get("cpu_s")
+            cpu = f"{fmt_time(ec)} / {fmt_time(pc)}"
+            cpu_ratio = f"{ec / pc:.2f}" if ec and pc else "-"
             rate = ""
             if gflops(e) or gflops(p):
                 ref = next((v for k, v in SGEMM_REF.items() if name.startswith(k)), None)
@@ -78,7 +83,8 @@ def main(argv):
                 rate = " / ".join(f"{x:.1f}" if x else "-"
                                   for x in (gflops(e), gflops(p), ref_rate))
             rss = " / ".join(f"{r['max_rss_kb'] / 1024:.0f}" if r else "-" for r in (e, p))
-            print(f"| {name} | {t} | {fmt_time(em)} | {fmt_time(pm)} | {ratio} | {rate} | {rss} |")
+            print(f"| {name} | {t} | {fmt_time(em)} | {fmt_time(pm)} | {ratio} | {cpu} "
+                  f"| {cpu_ratio} | {rate} | {rss} |")
     return 0
 
 

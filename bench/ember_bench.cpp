@@ -237,12 +237,16 @@ int main(int argc, char** argv) {
     const int64_t rss = max_rss_kb();
     std::string rate;
     if (w.flops > 0) rate = fmt::format("{:8.1f} GFLOP/s", w.flops / t.median_s * 1e-9);
-    std::cout << fmt::format("{:<44} median {:>11.3f} us  min {:>11.3f} us  ({}x{})  {}\n", w.name,
-                             t.median_s * 1e6, t.min_s * 1e6, t.samples, t.inner, rate)
+    std::cout << fmt::format(
+                     "{:<44} median {:>11.3f} us  min {:>11.3f} us  cpu {:>11.3f} us  "
+                     "({}x{})  {}\n",
+                     w.name, t.median_s * 1e6, t.min_s * 1e6, t.cpu_s * 1e6, t.samples, t.inner,
+                     rate)
               << std::flush;
     results.push_back({{"name", w.name},
                        {"median_s", t.median_s},
                        {"min_s", t.min_s},
+                       {"cpu_s", t.cpu_s},
                        {"samples", t.samples},
                        {"inner", t.inner},
                        {"flops", w.flops},

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,9 +28,18 @@ void add_op_workloads();
 void add_nw_workloads();
 
 struct Timing {
-  double median_s = 0, min_s = 0;  // per step
+  double median_s = 0, min_s = 0;  // wall time per step
+  double cpu_s = 0;                // process CPU time per step (all threads), mean
   int64_t samples = 0, inner = 0;  // samples, each of `inner` steps
 };
+
+// CPU time of the whole process (every thread): on a loaded machine the wall clock also counts
+// the time other processes held the cores, the CPU time does not.
+inline double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -38,7 +48,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Warm-up (at least one step and ~10% of the target), then `samples` timed samples of `inner`
 // steps each, inner chosen so a sample lasts at least a millisecond and target / 200 (timer
 // resolution and the loop itself stay negligible for sub-microsecond steps), samples so that all
-// of them last about `target` seconds (at least 3, at most 200).
+// of them last about `target` seconds (at least 3, at most 200). Also the mean CPU time per step.
 inline Timing time_steps(const std::function<void()>& step, double target) {
   using clock = std::chrono::steady_clock;
   const auto w0 = clock::now();
@@ -54,11 +64,13 @@ inline Timing time_steps(const std::function<void()>& step, double target) {
   t.samples = std::clamp<int64_t>(static_cast<int64_t>(target / (estimate * t.inner)), 3, 200);
   std::vector<double> per_step;
   per_step.reserve(t.samples);
+  const double cpu0 = process_cpu_seconds();
   for (int64_t s = 0; s < t.samples; ++s) {
     const auto t0 = clock::now();
     for (int64_t i = 0; i < t.inner; ++i) step();
     per_step.push_back(seconds_since(t0) / static_cast<double>(t.inner));
   }
+  t.cpu_s = (process_cpu_seconds() - cpu0) / static_cast<double>(t.samples * t.inner);
   std::sort(per_step.begin(), per_step.end());
   const size_t n = per_step.size();
   t.median_s = n % 2 ? per_step[n / 2] : 0.5 * (per_step[n / 2 - 1] + per_step[n / 2]);

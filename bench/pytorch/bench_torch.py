@@ -2,7 +2,8 @@
 """PyTorch's side of Ember's benchmark suite: the workloads of bench/ember_bench.cpp with the
 same shapes, steps and timing method (warm-up for ~10% of the target time, then samples of
 `inner` steps each, inner chosen so a sample lasts >= 1 ms and >= target / 200, samples so all
-last ~target seconds, 3..200 of them; median and min per step). Run with Debian's python3-torch:
+last ~target seconds, 3..200 of them; median and min per step, and the mean process CPU time per
+step). Run with Debian's python3-torch:
 
     OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N /usr/bin/python3 bench/pytorch/bench_torch.py \
         --threads N [--filter substr]... [--exact name] [--json out.json] [--list] [--smoke]
@@ -10,12 +11,15 @@ last ~target seconds, 3..200 of them; median and min per step). Run with Debian'
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import time
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOADS = []  # (name, flops, make(tiny) -> step)
 
@@ -140,6 +144,59 @@ for _n in (50, 1000, 4000):
     nw_epoch(_n)
 
 
+# --- Annotated Transformer training steps: forward, label-smoothed KL / ntokens, backward,
+# Adam + LambdaLR (Noam rate), dropout 0.1, one fixed batch of the copy task's kind
+
+TRANSFORMERS = [  # name, V, N, d_model, d_ff, h, batch, length
+    ("transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10),
+    ("transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10),
+    ("transformer/C base V=1000 N=6 d=512 b=32 len=32", 1000, 6, 512, 2048, 8, 32, 32),
+]
+
+
+def transformer_flops(V, N, D, F, h, B, L):
+    """Multiply-adds of the forward's products (projections, attention, feed-forward,
+    generator) times 2 flops, times 3 for forward + backward."""
+    S, T = L, L - 1
+    enc = S * (4 * D * D + 2 * D * F) + 2 * S * S * D
+    dec = T * (4 * D * D + 2 * D * F) + 2 * T * T * D + T * 2 * D * D + S * 2 * D * D + 2 * T * S * D
+    return 3 * 2 * B * (N * (enc + dec) + T * D * V)
+
+
+def transformer_step(name, V, N, d_model, d_ff, h, batch, length):
+    @workload(name, transformer_flops(V, N, d_model, d_ff, h, batch, length))
+    def _(tiny):
+        from annotated_transformer import (Batch, LabelSmoothing, SimpleLossCompute, make_model,
+                                           rate)
+        if tiny:
+            V_, N_, d, f, h_, b, n = 11, 1, 16, 32, 2, 2, 5
+        else:
+            V_, N_, d, f, h_, b, n = V, N, d_model, d_ff, h, batch, length
+        model = make_model(V_, V_, N=N_, d_model=d, d_ff=f, h=h_, dropout=0.1)
+        model.train()
+        criterion = LabelSmoothing(size=V_, padding_idx=0, smoothing=0.1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda=lambda step: rate(step, d, factor=1.0, warmup=400))
+        loss_compute = SimpleLossCompute(model.generator, criterion)
+        data = torch.randint(1, V_, size=(b, n))
+        data[:, 0] = 1
+        batch_ = Batch(data.clone(), data.clone(), 0)
+
+        def step():
+            out = model.forward(batch_.src, batch_.tgt, batch_.src_mask, batch_.tgt_mask)
+            _, loss_node = loss_compute(out, batch_.tgt_y, batch_.ntokens)
+            loss_node.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        return step
+
+
+for _t in TRANSFORMERS:
+    transformer_step(*_t)
+
+
 # --- harness
 
 def time_steps(step, target):
@@ -154,15 +211,17 @@ def time_steps(step, target):
     inner = max(1, math.ceil(max(1e-3, target / 200) / estimate))
     samples = min(max(int(target / (estimate * inner)), 3), 200)
     per_step = []
+    cpu0 = time.process_time()
     for _ in range(samples):
         t0 = time.perf_counter()
         for _ in range(inner):
             step()
         per_step.append((time.perf_counter() - t0) / inner)
+    cpu = (time.process_time() - cpu0) / (samples * inner)
     per_step.sort()
     k = len(per_step)
     median = per_step[k // 2] if k % 2 else 0.5 * (per_step[k // 2 - 1] + per_step[k // 2])
-    return median, per_step[0], samples, inner
+    return median, per_step[0], cpu, samples, inner
 
 
 def main():
@@ -195,12 +254,13 @@ def main():
             step()
             print(f"{name:<44} ok")
             continue
-        median, best, samples, inner = time_steps(step, a.time)
+        median, best, cpu, samples, inner = time_steps(step, a.time)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         rate = f"{flops / median * 1e-9:8.1f} GFLOP/s" if flops else ""
         print(f"{name:<44} median {median * 1e6:11.3f} us  min {best * 1e6:11.3f} us  "
+              f"cpu {cpu * 1e6:11.3f} us  "
               f"({samples}x{inner})  {rate}", flush=True)
-        results.append(dict(name=name, median_s=median, min_s=best, samples=samples,
+        results.append(dict(name=name, median_s=median, min_s=best, cpu_s=cpu, samples=samples,
                             inner=inner, flops=flops, max_rss_kb=rss))
     if a.json and not a.list and not a.smoke:
         with open(a.json, "w") as f:
