@@ -41,8 +41,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
         if constexpr (std::is_same_v<D, S>) {
           std::copy(in, in + n, out);
         } else {
-#pragma omp parallel for if (n >= kParallelGrain)
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<D>(in[i]);
+          parallel_for_simd(n, n >= kParallelGrain,
+                            [&](int64_t i) { out[i] = static_cast<D>(in[i]); });
         }
         return;
       }

@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include "graph/parallel.h"
 #include "graph/tensor.h"
 
 namespace ember {

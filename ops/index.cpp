@@ -249,11 +249,10 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
     int64_t pre = 1, post = 1;
     for (int64_t d = 0; d < dim; ++d) pre *= x.size(d);
     for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
-#pragma omp parallel for if (out.numel() >= kParallelGrain && pre * k_count > 1)
-    for (int64_t r = 0; r < pre * k_count; ++r) {
+    parallel_for(pre * k_count, out.numel() >= kParallelGrain && pre * k_count > 1, [&](int64_t r) {
       const int64_t p = r / k_count, k = r % k_count;
       std::copy_n(px + (p * n + idx[k]) * post, post, po + r * post);
-    }
+    });
     return;
   }
   const int64_t sx = x.stride(dim), so = out.stride(dim);

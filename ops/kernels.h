@@ -1,6 +1,7 @@
 // Elementwise kernel templates shared by the op families: a contiguous fast path (a plain loop
 // the compiler vectorises, OpenMP above kParallelGrain) and a general strided path that
-// broadcasts by strides. They allocate the output; callers pick the element types.
+// broadcasts by strides. They allocate the output; callers pick the element types. Small loops
+// never enter OpenMP (Note [Serial below the grain] in graph/parallel.h).
 #pragma once
 
 #include "graph/strided.h"
@@ -14,8 +15,7 @@ void unary_into(const Tensor& x, const Tensor& out, F f) {
   O* po = out.data<O>();
   const int64_t n = out.numel();
   if (x.is_contiguous()) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(px[i]);
+    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(px[i]); });
     return;
   }
   StridedLoop<2> loop(out.shape(), {out.strides(), x.strides()});
@@ -33,14 +33,12 @@ void binary_into(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const int64_t n = out.numel();
   const bool flat = out.is_contiguous() && a.is_contiguous() && a.shape() == out.shape();
   if (flat && b.is_contiguous() && b.shape() == out.shape()) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(pa[i], pb[i]); });
     return;
   }
   if (flat && b.numel() == 1) {
     const B vb = *pb;
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], vb);
+    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(pa[i], vb); });
     return;
   }
   StridedLoop<3> loop(out.shape(), {out.strides(), broadcast_strides(a, out.shape()),

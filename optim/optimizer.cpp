@@ -85,18 +85,17 @@ void SGD::step() {
       const T lr = T(lr_), wd = T(o.weight_decay), mu = T(o.momentum);
       const T keep = T(1 - o.dampening);
       if (o.momentum == 0) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-        for (int64_t j = 0; j < n; ++j) p[j] -= lr * (g[j] + wd * p[j]);
+        parallel_for_simd(n, n >= kParallelGrain,
+                          [&](int64_t j) { p[j] -= lr * (g[j] + wd * p[j]); });
         return;
       }
       T* b = momentum_buffers_[i].data<T>();
       const bool nesterov = o.nesterov;
-#pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t j = 0; j < n; ++j) {
+      parallel_for_simd(n, n >= kParallelGrain, [&](int64_t j) {
         const T d = g[j] + wd * p[j];
         b[j] = first ? d : mu * b[j] + keep * d;
         p[j] -= lr * (nesterov ? d + mu * b[j] : b[j]);
-      }
+      });
     });
   }
 }
@@ -134,14 +133,13 @@ void Adam::step() {
       const T decay = T(o.decoupled_weight_decay ? 1 - lr_ * o.weight_decay : 1);
       const T b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
       const T s = T(step_size), c2 = T(bc2_sqrt);
-#pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t j = 0; j < n; ++j) {
+      parallel_for_simd(n, n >= kParallelGrain, [&](int64_t j) {
         const T gj = g[j] + l2 * p[j];
         p[j] *= decay;
         m[j] = m[j] * b1 + (1 - b1) * gj;
         v[j] = v[j] * b2 + (1 - b2) * gj * gj;
         p[j] -= s * m[j] / (std::sqrt(v[j]) / c2 + eps);
-      }
+      });
     });
   }
 }
