@@ -15,6 +15,7 @@
 #include "graph/random.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
+#include "ops/vec_math.h"
 
 namespace ember {
 
@@ -65,8 +66,7 @@ Rows rows_along(const Tensor& t, int64_t dim) {
 // Calls f(r) for every row, in parallel above the grain.
 template <class F>
 void for_each_row(const Rows& rows, F f) {
-#pragma omp parallel for if (rows.parallel())
-  for (int64_t r = 0; r < rows.count; ++r) f(r);
+  parallel_for(rows.count, rows.parallel(), f);
 }
 
 // --- softmax and log_softmax
@@ -76,19 +76,24 @@ void for_each_row(const Rows& rows, F f) {
 template <bool Log, class T>
 inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j * sx]);
   double s = 0;
   if constexpr (Log) {
-    for (int64_t j = 0; j < n; ++j) s += std::exp(x[j * sx] - m);
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; ++j) s += vexp(x[j * sx] - m);
     const T log_s = static_cast<T>(std::log(s));  // kept apart from m: m + log_s may round
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) y[j * sy] = (x[j * sx] - m) - log_s;
   } else {
+#pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < n; ++j) {
-      const T e = std::exp(x[j * sx] - m);
+      const T e = vexp(x[j * sx] - m);
       y[j * sy] = e;
       s += e;
     }
     const T inv = static_cast<T>(1.0 / s);
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) y[j * sy] *= inv;
   }
 }
@@ -112,12 +117,16 @@ template <bool Log, class T>
 inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64_t n) {
   double acc = 0;
   if constexpr (Log) {
+#pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < n; ++j) acc += g[j * s];
     const T sum = static_cast<T>(acc);
-    for (int64_t j = 0; j < n; ++j) dx[j * s] = g[j * s] - std::exp(y[j * s]) * sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dx[j * s] = g[j * s] - vexp(y[j * s]) * sum;
   } else {
+#pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < n; ++j) acc += g[j * s] * y[j * s];
     const T dot = static_cast<T>(acc);
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) dx[j * s] = y[j * s] * (g[j * s] - dot);
   }
 }
@@ -187,12 +196,12 @@ namespace {
 template <class T>
 void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
                         int64_t M, int64_t N, double eps) {
-#pragma omp parallel for if (M > 1 && M * N >= kParallelGrain)
-  for (int64_t r = 0; r < M; ++r) {
+  parallel_for(M, M > 1 && M * N >= kParallelGrain, [&](int64_t r) {
     const T* xr = x + r * N;
     T* yr = y + r * N;
     const double shift = xr[0];
     double s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
     for (int64_t j = 0; j < N; ++j) {
       const double d = static_cast<double>(xr[j]) - shift;
       s1 += d;
@@ -202,13 +211,14 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
     const T mu = static_cast<T>(shift + m), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
     mean[r] = mu;
     rstd[r] = rs;
+#pragma omp simd
     for (int64_t j = 0; j < N; ++j) {
       T v = (xr[j] - mu) * rs;
       if (weight) v *= weight[j];
       if (bias) v += bias[j];
       yr[j] = v;
     }
-  }
+  });
 }
 
 // Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
@@ -223,8 +233,8 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   const bool param_grads = dweight || dbias;
   const int max_threads = parallel ? omp_get_max_threads() : 1;
   std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
-#pragma omp parallel if (parallel) num_threads(max_threads)
-  {
+  // One slice of rows per thread (Note [Serial below the grain] in graph/parallel.h).
+  const auto rows = [&] {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
     double* pb = param_grads ? pw + N : nullptr;
@@ -233,6 +243,7 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
       const T mu = mean[r], rs = rstd[r];
       if (dx) {
         double a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
         for (int64_t j = 0; j < N; ++j) {
           const T dxhat = weight ? gr[j] * weight[j] : gr[j];
           a += dxhat;
@@ -240,18 +251,26 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
         }
         const T mean_dxhat = static_cast<T>(a / N), mean_dxhat_xhat = static_cast<T>(b / N);
         T* dxr = dx + r * N;
+#pragma omp simd
         for (int64_t j = 0; j < N; ++j) {
           const T dxhat = weight ? gr[j] * weight[j] : gr[j];
           dxr[j] = rs * (dxhat - mean_dxhat - (xr[j] - mu) * rs * mean_dxhat_xhat);
         }
       }
       if (param_grads) {
+#pragma omp simd
         for (int64_t j = 0; j < N; ++j) {
           pw[j] += static_cast<double>(gr[j]) * ((xr[j] - mu) * rs);
           pb[j] += gr[j];
         }
       }
     }
+  };
+  if (parallel) {
+#pragma omp parallel num_threads(max_threads)
+    rows();
+  } else {
+    rows();
   }
   if (!param_grads) return;
   for (int64_t j = 0; j < N; ++j) {
@@ -428,15 +447,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     const T* pw = weight.data<T>();
     T* po = out.data<T>();
     const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
-#pragma omp parallel for if (count > 1 && count * dim >= kParallelGrain)
-    for (int64_t k = 0; k < count; ++k) {
+    parallel_for(count, count > 1 && count * dim >= kParallelGrain, [&](int64_t k) {
       const T* src = pw + pi[k] * s0;
       T* dst = po + k * dim;
       if (s1 == 1)
         std::memcpy(dst, src, dim * sizeof(T));
       else
         for (int64_t j = 0; j < dim; ++j) dst[j] = src[j * s1];
-    }
+    });
   });
   if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
   return out;
