@@ -455,7 +455,25 @@ bool sorts_before(T a, T b) {
   return Descending ? a > b : a < b;
 }
 
-// values/indices = x sorted along dim, stable: equal elements keep their order.
+// Sorts (value, original position) pairs by value, stably: equal values keep their order.
+template <class T, bool Descending>
+void stable_sort_line(std::vector<std::pair<T, int64_t>>& line) {
+  const auto before = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
+    return sorts_before<T, Descending>(a.first, b.first);
+  };
+  if (line.size() > 16) {
+    std::stable_sort(line.begin(), line.end(), before);
+    return;
+  }
+  for (size_t j = 1; j < line.size(); ++j) {  // short lines: insertion sort, no allocation
+    const std::pair<T, int64_t> v = line[j];
+    size_t k = j;
+    for (; k > 0 && before(v, line[k - 1]); --k) line[k] = line[k - 1];
+    line[k] = v;
+  }
+}
+
+// values/indices = x sorted along dim (each line of n elements on its own).
 template <class T, bool Descending>
 void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tensor& indices) {
   const int64_t n = x.size(dim), sx = x.stride(dim), sv = values.stride(dim),
@@ -463,29 +481,17 @@ void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tenso
   const T* px = x.data<T>();
   T* pv = values.data<T>();
   int64_t* pi = indices.data<int64_t>();
-  const auto before = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
-    return sorts_before<T, Descending>(a.first, b.first);
-  };
-  for_each_line<3>(x.shape(), dim, {x.strides(), values.strides(), indices.strides()},
-                   [&](const auto& off) {
-                     thread_local std::vector<std::pair<T, int64_t>> line;
-                     line.resize(n);
-                     for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
-                     if (n <= 16) {  // insertion sort: stable, no allocation
-                       for (int64_t j = 1; j < n; ++j) {
-                         const auto v = line[j];
-                         int64_t k = j;
-                         for (; k > 0 && before(v, line[k - 1]); --k) line[k] = line[k - 1];
-                         line[k] = v;
-                       }
-                     } else {
-                       std::stable_sort(line.begin(), line.end(), before);
-                     }
-                     for (int64_t j = 0; j < n; ++j) {
-                       pv[off[1] + j * sv] = line[j].first;
-                       pi[off[2] + j * si] = line[j].second;
-                     }
-                   });
+  const std::array<Shape, 3> strides = {x.strides(), values.strides(), indices.strides()};
+  for_each_line<3>(x.shape(), dim, strides, [&](const auto& off) {
+    thread_local std::vector<std::pair<T, int64_t>> line;
+    line.resize(n);
+    for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
+    stable_sort_line<T, Descending>(line);
+    for (int64_t j = 0; j < n; ++j) {
+      pv[off[1] + j * sv] = line[j].first;
+      pi[off[2] + j * si] = line[j].second;
+    }
+  });
 }
 
 }  // namespace
@@ -504,11 +510,10 @@ struct SortBackward final : Node {
       T* px = grad_x.data<T>();
       const int64_t n = g.size(dim_), sx = grad_x.stride(dim_), sg = g.stride(dim_),
                     si = indices.stride(dim_);
-      for_each_line<3>(g.shape(), dim_, {grad_x.strides(), g.strides(), indices.strides()},
-                       [&](const auto& off) {
-                         for (int64_t k = 0; k < n; ++k)
-                           px[off[0] + pi[off[2] + k * si] * sx] = pg[off[1] + k * sg];
-                       });
+      const std::array<Shape, 3> strides = {grad_x.strides(), g.strides(), indices.strides()};
+      for_each_line<3>(g.shape(), dim_, strides, [&](const auto& off) {
+        for (int64_t k = 0; k < n; ++k) px[off[0] + pi[off[2] + k * si] * sx] = pg[off[1] + k * sg];
+      });
     });
     return {grad_x};
   }
