@@ -446,31 +446,25 @@ Tensor tril(const Tensor& x, int64_t diagonal) {
 
 namespace {
 
-// Whether a sorts strictly before b; NaN counts as larger than every number, as torch.
-template <class T, bool Descending>
-bool sorts_before(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a) || std::isnan(b)) return Descending ? !std::isnan(b) : !std::isnan(a);
-  }
-  return Descending ? a > b : a < b;
-}
-
-// Sorts (value, original position) pairs by value, stably: equal values keep their order.
+// Sorts (value, original position) pairs by value, stably: equal values keep their order (the
+// position breaks ties, so the faster unstable std::sort is enough). NaN counts as larger than
+// every number, as torch: NaNs are moved, in order, to the end (or the front when descending).
 template <class T, bool Descending>
 void stable_sort_line(std::vector<std::pair<T, int64_t>>& line) {
-  const auto before = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
-    return sorts_before<T, Descending>(a.first, b.first);
-  };
-  if (line.size() > 16) {
-    std::stable_sort(line.begin(), line.end(), before);
-    return;
+  auto first = line.begin(), last = line.end();
+  if constexpr (std::is_floating_point_v<T>) {
+    const auto is_nan = [](const std::pair<T, int64_t>& e) { return std::isnan(e.first); };
+    if (std::any_of(first, last, is_nan)) {
+      if (Descending)
+        first = std::stable_partition(first, last, is_nan);
+      else
+        last = std::stable_partition(first, last, [&](const auto& e) { return !is_nan(e); });
+    }
   }
-  for (size_t j = 1; j < line.size(); ++j) {  // short lines: insertion sort, no allocation
-    const std::pair<T, int64_t> v = line[j];
-    size_t k = j;
-    for (; k > 0 && before(v, line[k - 1]); --k) line[k] = line[k - 1];
-    line[k] = v;
-  }
+  std::sort(first, last, [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
+    if (a.first == b.first) return a.second < b.second;
+    return Descending ? a.first > b.first : a.first < b.first;
+  });
 }
 
 // values/indices = x sorted along dim (each line of n elements on its own).
