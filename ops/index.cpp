@@ -249,10 +249,16 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
     int64_t pre = 1, post = 1;
     for (int64_t d = 0; d < dim; ++d) pre *= x.size(d);
     for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
-#pragma omp parallel for if (out.numel() >= kParallelGrain && pre * k_count > 1)
-    for (int64_t r = 0; r < pre * k_count; ++r) {
-      const int64_t p = r / k_count, k = r % k_count;
-      std::copy_n(px + (p * n + idx[k]) * post, post, po + r * post);
+    const int64_t rows = pre * k_count;
+    const auto copy_row = [&](int64_t r) {
+      std::copy_n(px + (r / k_count * n + idx[r % k_count]) * post, post, po + r * post);
+    };
+    // A branch, not an OpenMP `if` clause: that still enters the runtime, a few µs per call.
+    if (out.numel() >= kParallelGrain && rows > 1) {
+#pragma omp parallel for
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
     }
     return;
   }
@@ -304,10 +310,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const Tensor idx = index.contiguous();
   const int64_t* pi = idx.data<int64_t>();
+  const int64_t size = x.size(d);
   for (int64_t k = 0; k < idx.numel(); ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < x.size(d),
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
                 "index_select: index {} out of range for dim {} of size {} (shape {})", pi[k], d,
-                x.size(d), x.shape());
+                size, x.shape());
   Shape out_shape = x.shape();
   out_shape[d] = idx.numel();
   Tensor out = empty(out_shape, x.dtype());
