@@ -113,6 +113,29 @@ struct RepeatInterleaveBackward final : Node {
   int64_t dim_;
 };
 
+namespace {
+
+// Fast path for a small contiguous x (pre, n, post): each of the pre*n blocks of `post`
+// elements is written `repeats` times in a row.
+void repeat_blocks(const Tensor& x, int64_t dim, int64_t repeats, const Tensor& out) {
+  int64_t post = 1;
+  for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
+  const int64_t blocks = post == 0 ? 0 : x.numel() / post;
+  dispatch_all(x.dtype(), [&]<class T>() {
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    for (int64_t b = 0; b < blocks; ++b, src += post) {
+      if (post == 1) {
+        dst = std::fill_n(dst, repeats, *src);
+      } else {
+        for (int64_t k = 0; k < repeats; ++k) dst = std::copy_n(src, post, dst);
+      }
+    }
+  });
+}
+
+}  // namespace
+
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   check_defined(x, "repeat_interleave");
   EMBER_CHECK(repeats >= 0, "repeat_interleave: repeats must be non-negative, got {}", repeats);
@@ -128,9 +151,12 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   src_shape.insert(src_shape.begin() + d + 1, 1);
   src_strides.insert(src_strides.begin() + d + 1, 0);
   Tensor out = empty(out_shape, x.dtype());
-  if (out.numel() > 0)
+  if (x.is_contiguous() && out.numel() < kParallelGrain) {
+    repeat_blocks(x, d, repeats, out);
+  } else if (out.numel() > 0) {
     copy_into(make_view(out, split, contiguous_strides(split), 0),
               make_view(x, src_shape, src_strides, x.storage_offset()));
+  }
   if (any_requires_grad(x)) connect(std::make_shared<RepeatInterleaveBackward>(split, d), {x}, out);
   return out;
 }
