@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
