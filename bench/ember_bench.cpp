@@ -2,7 +2,7 @@
 // same shapes, steps and timing method in bench/pytorch/bench_torch.py; bench/compare.py joins
 // the two JSON files into one table and bench/run.sh runs both at 1 and 2 threads.
 //
-//   ember_bench [--threads N] [--filter substr] [--exact name] [--json out.json] [--time s]
+//   ember_bench [--threads N] [--filter substr]... [--exact name]... [--json out.json] [--time s]
 //               [--list] [--smoke]
 //
 // Workloads: op level forward+backward (softmax, layer_norm, bmm, linear), the per-op overhead of
@@ -10,6 +10,7 @@
 // regression, and (bench/transformer_steps.cpp) Annotated Transformer training steps.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -156,7 +157,8 @@ namespace {
 struct Options {
   int threads = 1;
   std::vector<std::string> filters;
-  std::string exact, json;
+  std::vector<std::string> exact;  // names run when given (repeatable), instead of the filters
+  std::string json;
   double target = 1.0;
   bool list = false, smoke = false;
 };
@@ -177,7 +179,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--filter")
       o.filters.push_back(value());
     else if (a == "--exact")
-      o.exact = value();
+      o.exact.push_back(value());
     else if (a == "--json")
       o.json = value();
     else if (a == "--time")
@@ -188,7 +190,7 @@ Options parse(int argc, char** argv) {
       o.smoke = true;
     else {
       std::fprintf(stderr,
-                   "usage: ember_bench [--threads N] [--filter substr]... [--exact name] "
+                   "usage: ember_bench [--threads N] [--filter substr]... [--exact name]... "
                    "[--json out.json] [--time seconds] [--list] [--smoke]\n");
       std::exit(a == "--help" || a == "-h" ? 0 : 2);
     }
@@ -197,7 +199,7 @@ Options parse(int argc, char** argv) {
 }
 
 bool selected(const Options& o, const std::string& name) {
-  if (!o.exact.empty()) return name == o.exact;
+  if (!o.exact.empty()) return std::find(o.exact.begin(), o.exact.end(), name) != o.exact.end();
   if (o.filters.empty()) return true;
   for (const std::string& f : o.filters)
     if (name.find(f) != std::string::npos) return true;

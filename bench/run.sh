@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Ember vs PyTorch, side by side: installs Debian's python3-torch when missing (never linked),
-# builds ember_bench in Release, runs every workload of both sides at 1 and 2 threads, each
-# workload in its own process (so max RSS is that workload's), and prints one table.
+# builds ember_bench in Release, runs every workload of both sides at 1 and 2 threads and prints
+# one table. Each family of workloads (op/, overhead/, sgemm/, nw/) runs in its own process, in
+# increasing size, and each transformer step alone, so the max RSS reported is that workload's
+# (for the smaller members of a family, an upper bound).
 #
 #   bench/run.sh [BUILD_DIR] [ember_bench selection args, e.g. --filter nw/]
 #   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
@@ -28,19 +30,25 @@ BIN="$BUILD/bench/ember_bench"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(uptime | sed 's/.*load average: //')"
-mapfile -t NAMES < <("$BIN" --list "${SELECT[@]}")
+# The units: one process per family (its names as --exact arguments), one per transformer step.
+mapfile -t UNITS < <("$BIN" --list "${SELECT[@]}" | awk '
+  { family = $0; sub(/\/.*/, "", family) }
+  family == "transformer" { print "--exact\t" $0; next }
+  { units[family] = units[family] "--exact\t" $0 "\t"; if (!(family in seen)) { seen[family]; order[++n] = family } }
+  END { for (i = 1; i <= n; ++i) print units[order[i]] }')
 for threads in ${BENCH_THREADS:-1 2}; do
   ENV=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" EMBER_NUM_THREADS="$threads")
   [ "$threads" -ge 2 ] && ENV+=(OMP_WAIT_POLICY=PASSIVE)
   echo "--- $threads thread(s)"
   i=0
-  for name in "${NAMES[@]}"; do
+  for unit in "${UNITS[@]}"; do
     i=$((i + 1))
-    # Alternate the sides workload by workload, so a burst of load on the machine hits both.
-    env "${ENV[@]}" "$BIN" --threads "$threads" --time "${BENCH_TIME:-1.0}" --exact "$name" \
+    IFS=$'\t' read -r -a ARGS <<<"$unit"
+    # Alternate the sides unit by unit, so a burst of load on the machine hits both.
+    env "${ENV[@]}" "$BIN" --threads "$threads" --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" \
       --json "$OUT/ember-t$threads-$i.json" | sed 's/^/ember   /'
     env "${ENV[@]}" "$PY" bench/pytorch/bench_torch.py --threads "$threads" \
-      --time "${BENCH_TIME:-1.0}" --exact "$name" --json "$OUT/torch-t$threads-$i.json" |
+      --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" --json "$OUT/torch-t$threads-$i.json" |
       sed 's/^/pytorch /'
   done
 done

@@ -6,7 +6,7 @@ last ~target seconds, 3..200 of them; median and min per step, and the mean proc
 step). Run with Debian's python3-torch:
 
     OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N /usr/bin/python3 bench/pytorch/bench_torch.py \
-        --threads N [--filter substr]... [--exact name] [--json out.json] [--list] [--smoke]
+        --threads N [--filter substr]... [--exact name]... [--json out.json] [--list] [--smoke]
 """
 import argparse
 import json
@@ -228,7 +228,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--filter", action="append", default=[])
-    p.add_argument("--exact", default="")
+    p.add_argument("--exact", action="append", default=[])
     p.add_argument("--json", default="")
     p.add_argument("--time", type=float, default=1.0)
     p.add_argument("--list", action="store_true")
@@ -238,7 +238,7 @@ def main():
 
     def selected(name):
         if a.exact:
-            return name == a.exact
+            return name in a.exact
         return not a.filter or any(f in name for f in a.filter)
 
     results = []
