@@ -7,6 +7,7 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "ops/kernels.h"
 
 namespace ember {
@@ -65,6 +66,7 @@ struct AddBackward final : Node {
 };
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("add");
   Tensor out = arith(a, b, "add", [](auto x, auto y) { return x + y; });
   if (any_requires_grad(a, b)) connect(std::make_shared<AddBackward>(), {a, b}, out);
   return out;
@@ -79,6 +81,7 @@ struct SubBackward final : Node {
 };
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("sub");
   Tensor out = arith(a, b, "sub", [](auto x, auto y) { return x - y; });
   if (any_requires_grad(a, b)) connect(std::make_shared<SubBackward>(), {a, b}, out);
   return out;
@@ -100,6 +103,7 @@ struct MulBackward final : Node {
 };
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("mul");
   Tensor out = arith(a, b, "mul", [](auto x, auto y) { return x * y; });
   if (any_requires_grad(a, b)) connect(std::make_shared<MulBackward>(a, b), {a, b}, out);
   return out;
@@ -128,6 +132,7 @@ struct DivBackward final : Node {
 };
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("div");
   check_defined(a, "div");
   check_defined(b, "div");
   const DType t = is_floating(arith_type(a, b)) ? arith_type(a, b) : kFloat32;
@@ -159,22 +164,27 @@ Tensor scalar_op(const Tensor& x, double s, std::string_view op, F f) {
 }  // namespace
 
 Tensor add(const Tensor& a, double b) {
+  profile::Scope scope("add");
   return record_scale(scalar_op(a, b, "add", [](auto x, auto s) { return x + s; }), a,
                       "AddBackward", 1.0);
 }
 Tensor sub(const Tensor& a, double b) {
+  profile::Scope scope("sub");
   return record_scale(scalar_op(a, b, "sub", [](auto x, auto s) { return x - s; }), a,
                       "SubBackward", 1.0);
 }
 Tensor rsub(const Tensor& a, double b) {
+  profile::Scope scope("rsub");
   return record_scale(scalar_op(a, b, "rsub", [](auto x, auto s) { return s - x; }), a,
                       "RsubBackward", -1.0);
 }
 Tensor mul(const Tensor& a, double b) {
+  profile::Scope scope("mul");
   return record_scale(scalar_op(a, b, "mul", [](auto x, auto s) { return x * s; }), a,
                       "MulBackward", b);
 }
 Tensor div(const Tensor& a, double b) {
+  profile::Scope scope("div");
   const Tensor x = as_floating(a);
   return record_scale(scalar_op(x, b, "div", [](auto v, auto s) { return v / s; }), a,
                       "DivBackward", 1.0 / b);
@@ -197,6 +207,7 @@ struct RdivBackward final : Node {
 };
 
 Tensor rdiv(const Tensor& a, double b) {
+  profile::Scope scope("rdiv");
   const Tensor x = as_floating(a);
   Tensor out = scalar_op(x, b, "rdiv", [](auto v, auto s) { return s / v; });
   if (any_requires_grad(a)) connect(std::make_shared<RdivBackward>(x, out), {a}, out);
@@ -204,6 +215,7 @@ Tensor rdiv(const Tensor& a, double b) {
 }
 
 Tensor neg(const Tensor& x) {
+  profile::Scope scope("neg");
   check_defined(x, "neg");
   Tensor out = dispatch_numeric(x.dtype(), "neg",
                                 [&]<class T>() { return map<T, T>(x, [](T v) { return -v; }); });
@@ -252,6 +264,7 @@ Tensor unary_math(const Tensor& input, std::string_view op, std::string_view nod
 }  // namespace
 
 Tensor pow(const Tensor& x, double p) {
+  profile::Scope scope("pow");
   if (p == 2.0) {
     return unary_math(
         x, "pow", "PowBackward", Saves::Input, [](auto v) { return v * v; },
@@ -268,6 +281,7 @@ Tensor pow(const Tensor& x, double p) {
 
 // y = exp(x):  dX = dY * y
 Tensor exp(const Tensor& x) {
+  profile::Scope scope("exp");
   return unary_math(
       x, "exp", "ExpBackward", Saves::Output, [](auto v) { return std::exp(v); },
       [](auto g, auto y) { return g * y; });
@@ -275,6 +289,7 @@ Tensor exp(const Tensor& x) {
 
 // y = log(x):  dX = dY / x
 Tensor log(const Tensor& x) {
+  profile::Scope scope("log");
   return unary_math(
       x, "log", "LogBackward", Saves::Input, [](auto v) { return std::log(v); },
       [](auto g, auto v) { return g / v; });
@@ -282,6 +297,7 @@ Tensor log(const Tensor& x) {
 
 // y = sqrt(x):  dX = dY / (2 y)
 Tensor sqrt(const Tensor& x) {
+  profile::Scope scope("sqrt");
   return unary_math(
       x, "sqrt", "SqrtBackward", Saves::Output, [](auto v) { return std::sqrt(v); },
       [](auto g, auto y) { return g / (2 * y); });
@@ -289,6 +305,7 @@ Tensor sqrt(const Tensor& x) {
 
 // y = sin(x):  dX = dY cos(x)
 Tensor sin(const Tensor& x) {
+  profile::Scope scope("sin");
   return unary_math(
       x, "sin", "SinBackward", Saves::Input, [](auto v) { return std::sin(v); },
       [](auto g, auto v) { return g * std::cos(v); });
@@ -296,6 +313,7 @@ Tensor sin(const Tensor& x) {
 
 // y = cos(x):  dX = -dY sin(x)
 Tensor cos(const Tensor& x) {
+  profile::Scope scope("cos");
   return unary_math(
       x, "cos", "CosBackward", Saves::Input, [](auto v) { return std::cos(v); },
       [](auto g, auto v) { return -g * std::sin(v); });
@@ -303,6 +321,7 @@ Tensor cos(const Tensor& x) {
 
 // y = tanh(x):  dX = dY (1 - y²)
 Tensor tanh(const Tensor& x) {
+  profile::Scope scope("tanh");
   return unary_math(
       x, "tanh", "TanhBackward", Saves::Output, [](auto v) { return std::tanh(v); },
       [](auto g, auto y) { return g * (1 - y * y); });
@@ -310,6 +329,7 @@ Tensor tanh(const Tensor& x) {
 
 // y = 1 / (1 + exp(-x)):  dX = dY y (1 - y)
 Tensor sigmoid(const Tensor& x) {
+  profile::Scope scope("sigmoid");
   return unary_math(
       x, "sigmoid", "SigmoidBackward", Saves::Output, [](auto v) { return 1 / (1 + std::exp(-v)); },
       [](auto g, auto y) { return g * y * (1 - y); });
@@ -317,6 +337,7 @@ Tensor sigmoid(const Tensor& x) {
 
 // y = max(x, 0):  dX = dY where y > 0
 Tensor relu(const Tensor& x) {
+  profile::Scope scope("relu");
   check_defined(x, "relu");
   if (!is_floating(x.dtype())) {
     return dispatch_numeric(x.dtype(), "relu", [&]<class T>() {
@@ -330,6 +351,7 @@ Tensor relu(const Tensor& x) {
 
 // y = |x|:  dX = dY sign(x)
 Tensor abs(const Tensor& x) {
+  profile::Scope scope("abs");
   check_defined(x, "abs");
   if (!is_floating(x.dtype())) {
     return dispatch_numeric(x.dtype(), "abs", [&]<class T>() {
@@ -373,18 +395,54 @@ Tensor compare(const Tensor& a, double b, std::string_view op, F f) {
 
 }  // namespace
 
-Tensor eq(const Tensor& a, const Tensor& b) { return compare(a, b, "eq", std::equal_to<>()); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare(a, b, "ne", std::not_equal_to<>()); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare(a, b, "lt", std::less<>()); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare(a, b, "le", std::less_equal<>()); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare(a, b, "gt", std::greater<>()); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare(a, b, "ge", std::greater_equal<>()); }
-Tensor eq(const Tensor& a, double b) { return compare(a, b, "eq", std::equal_to<>()); }
-Tensor ne(const Tensor& a, double b) { return compare(a, b, "ne", std::not_equal_to<>()); }
-Tensor lt(const Tensor& a, double b) { return compare(a, b, "lt", std::less<>()); }
-Tensor le(const Tensor& a, double b) { return compare(a, b, "le", std::less_equal<>()); }
-Tensor gt(const Tensor& a, double b) { return compare(a, b, "gt", std::greater<>()); }
-Tensor ge(const Tensor& a, double b) { return compare(a, b, "ge", std::greater_equal<>()); }
+Tensor eq(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("eq");
+  return compare(a, b, "eq", std::equal_to<>());
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("ne");
+  return compare(a, b, "ne", std::not_equal_to<>());
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("lt");
+  return compare(a, b, "lt", std::less<>());
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("le");
+  return compare(a, b, "le", std::less_equal<>());
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("gt");
+  return compare(a, b, "gt", std::greater<>());
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("ge");
+  return compare(a, b, "ge", std::greater_equal<>());
+}
+Tensor eq(const Tensor& a, double b) {
+  profile::Scope scope("eq");
+  return compare(a, b, "eq", std::equal_to<>());
+}
+Tensor ne(const Tensor& a, double b) {
+  profile::Scope scope("ne");
+  return compare(a, b, "ne", std::not_equal_to<>());
+}
+Tensor lt(const Tensor& a, double b) {
+  profile::Scope scope("lt");
+  return compare(a, b, "lt", std::less<>());
+}
+Tensor le(const Tensor& a, double b) {
+  profile::Scope scope("le");
+  return compare(a, b, "le", std::less_equal<>());
+}
+Tensor gt(const Tensor& a, double b) {
+  profile::Scope scope("gt");
+  return compare(a, b, "gt", std::greater<>());
+}
+Tensor ge(const Tensor& a, double b) {
+  profile::Scope scope("ge");
+  return compare(a, b, "ge", std::greater_equal<>());
+}
 
 // --- logic: nonzero is true, as torch
 
@@ -393,16 +451,19 @@ Tensor as_bool(const Tensor& t) { return t.dtype() == kBool ? t : ne(t, 0.0); }
 }  // namespace
 
 Tensor logical_not(const Tensor& mask) {
+  profile::Scope scope("logical_not");
   check_defined(mask, "logical_not");
   return map<bool, bool>(as_bool(mask), [](bool v) { return !v; });
 }
 Tensor logical_and(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("logical_and");
   check_defined(a, "logical_and");
   check_defined(b, "logical_and");
   return zip<bool, bool, bool>(as_bool(a), as_bool(b), "logical_and",
                                [](bool x, bool y) { return x && y; });
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("logical_or");
   check_defined(a, "logical_or");
   check_defined(b, "logical_or");
   return zip<bool, bool, bool>(as_bool(a), as_bool(b), "logical_or",
@@ -430,6 +491,7 @@ struct WhereBackward final : Node {
 };
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  profile::Scope scope("where");
   check_defined(cond, "where");
   check_defined(a, "where");
   check_defined(b, "where");
@@ -473,6 +535,7 @@ struct MaskedFillBackward final : Node {
 };
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  profile::Scope scope("masked_fill");
   check_mask(x, mask, "masked_fill");
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_all(x.dtype(), [&]<class T>() {

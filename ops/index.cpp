@@ -9,6 +9,7 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
@@ -71,6 +72,7 @@ struct RepeatBackward final : Node {
 };
 
 Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
+  profile::Scope scope("repeat");
   check_defined(x, "repeat");
   const int64_t nd = static_cast<int64_t>(repeats.size());
   EMBER_CHECK(nd >= x.dim(),
@@ -136,6 +138,7 @@ void repeat_blocks(const Tensor& x, int64_t dim, int64_t repeats, const Tensor& 
 }  // namespace
 
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
+  profile::Scope scope("repeat_interleave");
   check_defined(x, "repeat_interleave");
   EMBER_CHECK(repeats >= 0, "repeat_interleave: repeats must be non-negative, got {}", repeats);
   EMBER_CHECK(x.dim() > 0,
@@ -161,6 +164,7 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
 }
 
 Tensor repeat_interleave(const Tensor& x, int64_t repeats) {
+  profile::Scope scope("repeat_interleave");
   check_defined(x, "repeat_interleave");
   return repeat_interleave(flatten(x), repeats, 0);
 }
@@ -211,6 +215,7 @@ void check_list(const std::vector<Tensor>& tensors, std::string_view op) {
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  profile::Scope scope("cat");
   check_list(tensors, "cat");
   const Tensor& first = tensors[0];
   EMBER_CHECK(first.dim() > 0, "cat: zero-dimensional tensor 0 cannot be concatenated");
@@ -240,6 +245,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  profile::Scope scope("stack");
   check_list(tensors, "stack");
   const Tensor& first = tensors[0];
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -314,6 +320,7 @@ struct IndexSelectBackward final : Node {
 };
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  profile::Scope scope("index_select");
   check_defined(x, "index_select");
   check_defined(index, "index_select");
   EMBER_CHECK(index.dtype() == kInt64, "index_select: index must be Int64, got {} (shape {})",
@@ -374,6 +381,7 @@ struct MaskedSelectBackward final : Node {
 };
 
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
+  profile::Scope scope("masked_select");
   check_defined(x, "masked_select");
   check_defined(mask, "masked_select");
   EMBER_CHECK(mask.dtype() == kBool, "masked_select: mask must be Bool, got {} (shape {})",
@@ -461,9 +469,11 @@ Tensor record_triangle(const Tensor& x, int64_t diagonal, bool upper, std::strin
 }  // namespace
 
 Tensor triu(const Tensor& x, int64_t diagonal) {
+  profile::Scope scope("triu");
   return record_triangle(x, diagonal, true, "triu");
 }
 Tensor tril(const Tensor& x, int64_t diagonal) {
+  profile::Scope scope("tril");
   return record_triangle(x, diagonal, false, "tril");
 }
 
@@ -541,6 +551,7 @@ struct SortBackward final : Node {
 };
 
 SortResult sort(const Tensor& x, int64_t dim, bool descending) {
+  profile::Scope scope("sort");
   check_defined(x, "sort");
   const int64_t d = wrap_dim(dim, x.dim(), "sort");
   if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};

@@ -12,6 +12,7 @@
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
+#include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/reduce.h"
 
@@ -324,6 +325,7 @@ struct MatmulBackward final : Node {
 };
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("matmul");
   check_float_operands(a, b, "matmul");
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
               "matmul: both arguments need at least 1 dim, got shapes {} and {}", a.shape(),
@@ -362,6 +364,7 @@ struct BmmBackward final : Node {
 };
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  profile::Scope scope("bmm");
   check_float_operands(a, b, "bmm");
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes {} and {}",
               a.shape(), b.shape());
@@ -409,6 +412,7 @@ struct LinearBackward final : Node {
 };
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  profile::Scope scope("linear");
   check_float_operands(x, weight, "linear");
   EMBER_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got shape {}", x.shape());
   EMBER_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out, in), got shape {}",

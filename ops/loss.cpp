@@ -9,6 +9,7 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
@@ -107,6 +108,7 @@ struct MseLossBackward final : Node {
 };
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  profile::Scope scope("mse_loss");
   check_defined(input, "mse_loss");
   check_defined(target, "mse_loss");
   const DType dtype = loss_dtype(input, target, "mse_loss");
@@ -148,6 +150,7 @@ struct KlDivBackward final : Node {
 };
 
 Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
+  profile::Scope scope("kl_div");
   check_defined(log_probs, "kl_div");
   check_defined(target, "kl_div");
   const DType dtype = loss_dtype(log_probs, target, "kl_div");
@@ -247,6 +250,7 @@ struct NllLossBackward final : Node {
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index) {
+  profile::Scope scope("nll_loss");
   const ClassRows g = check_class_target(log_probs, target, ignore_index, "nll_loss");
   const int64_t* pt = g.target.data<int64_t>();
   Tensor out = dispatch_float(log_probs.dtype(), "nll_loss", [&]<class T>() {
@@ -329,6 +333,7 @@ struct CrossEntropyBackward final : Node {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
+  profile::Scope scope("cross_entropy");
   const ClassRows g = check_class_target(logits, target, ignore_index, "cross_entropy");
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
               "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);

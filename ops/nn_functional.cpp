@@ -12,6 +12,7 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "graph/random.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
@@ -182,8 +183,14 @@ Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op<false>(x, dim, "softmax"); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op<true>(x, dim, "log_softmax"); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  profile::Scope scope("softmax");
+  return softmax_op<false>(x, dim, "softmax");
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  profile::Scope scope("log_softmax");
+  return softmax_op<true>(x, dim, "log_softmax");
+}
 
 // --- layer_norm
 
@@ -342,6 +349,7 @@ void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shap
 
 Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  profile::Scope scope("layer_norm");
   check_defined(x, "layer_norm");
   EMBER_CHECK(is_floating(x.dtype()),
               "layer_norm: expected a Float32 or Float64 input, got {} of shape {}", x.dtype(),
@@ -383,6 +391,7 @@ struct DropoutBackward final : Node {
 };
 
 Tensor dropout(const Tensor& x, double p, bool training) {
+  profile::Scope scope("dropout");
   check_defined(x, "dropout");
   EMBER_CHECK(p >= 0 && p < 1, "dropout: probability has to be in [0, 1), got {}", p);
   if (!training || p == 0) return x;
@@ -430,6 +439,7 @@ struct EmbeddingBackward final : Node {
 };
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  profile::Scope scope("embedding");
   check_defined(weight, "embedding");
   check_defined(indices, "embedding");
   EMBER_CHECK(weight.dim() == 2,

@@ -8,6 +8,7 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/elementwise.h"
 
@@ -132,6 +133,7 @@ struct SumBackward final : Node {
 };
 
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  profile::Scope scope("sum");
   EMBER_CHECK(x.defined(), "sum: undefined tensor");
   const std::vector<bool> reduce = reduced_dims(x, dims, "sum");
   Tensor out = sum_impl(x, reduce, keepdim);
@@ -139,9 +141,13 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   return out;
 }
 
-Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor sum(const Tensor& x) {
+  profile::Scope scope("sum");
+  return sum(x, {}, false);
+}
 
 Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  profile::Scope scope("mean");
   EMBER_CHECK(x.defined(), "mean: undefined tensor");
   EMBER_CHECK(is_floating(x.dtype()), "mean: expected a Float32 or Float64 tensor, got {}",
               x.dtype());
@@ -152,10 +158,14 @@ Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   return div(sum(x, dims, keepdim), static_cast<double>(count));
 }
 
-Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+Tensor mean(const Tensor& x) {
+  profile::Scope scope("mean");
+  return mean(x, {}, false);
+}
 
 // var = sum((x - mean)²) / (N - unbiased), composed from differentiable ops.
 Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepdim) {
+  profile::Scope scope("var");
   EMBER_CHECK(x.defined(), "var: undefined tensor");
   EMBER_CHECK(is_floating(x.dtype()), "var: expected a Float32 or Float64 tensor, got {}",
               x.dtype());
@@ -169,6 +179,7 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
+  profile::Scope scope("sum_to");
   if (x.shape() == shape) return x;
   EMBER_CHECK(broadcast_shapes(x.shape(), shape, "sum_to") == x.shape(),
               "sum_to: shape {} is not a broadcast of {}", x.shape(), shape);
@@ -246,6 +257,7 @@ struct MaxBackward final : Node {
 };
 
 MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
+  profile::Scope scope("max");
   EMBER_CHECK(x.defined(), "max: undefined tensor");
   const int64_t d = wrap_dim(dim, x.dim(), "max");
   EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "max: cannot reduce dim {} of size 0 (shape {})", d,
@@ -268,6 +280,7 @@ MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  profile::Scope scope("argmax");
   EMBER_CHECK(x.defined(), "argmax: undefined tensor");
   NoGradGuard no_grad;
   return max(x, dim, keepdim).indices;
@@ -286,6 +299,7 @@ struct MaxAllBackward final : Node {
 };
 
 Tensor max(const Tensor& x) {
+  profile::Scope scope("max");
   EMBER_CHECK(x.defined(), "max: undefined tensor");
   EMBER_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape {}", x.shape());
   Tensor out = empty({}, x.dtype());

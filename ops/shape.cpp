@@ -9,6 +9,7 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/profile.h"
 
 namespace ember {
 
@@ -90,6 +91,7 @@ Tensor record_reshape(Tensor out, const Tensor& x, std::string_view name) {
 }  // namespace
 
 Tensor view(const Tensor& x, Shape shape) {
+  profile::Scope scope("view");
   check_defined(x, "view");
   shape = infer_shape(std::move(shape), x.numel(), "view");
   std::optional<Shape> strides = view_strides(x, shape);
@@ -100,6 +102,7 @@ Tensor view(const Tensor& x, Shape shape) {
 }
 
 Tensor reshape(const Tensor& x, Shape shape) {
+  profile::Scope scope("reshape");
   check_defined(x, "reshape");
   shape = infer_shape(std::move(shape), x.numel(), "reshape");
   if (std::optional<Shape> strides = view_strides(x, shape))
@@ -108,6 +111,7 @@ Tensor reshape(const Tensor& x, Shape shape) {
 }
 
 Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
+  profile::Scope scope("flatten");
   check_defined(x, "flatten");
   if (x.dim() == 0) return reshape(x, {1});
   const int64_t s = wrap_dim(start, x.dim(), "flatten"), e = wrap_dim(end, x.dim(), "flatten");
@@ -121,6 +125,7 @@ Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t d) {
+  profile::Scope scope("unsqueeze");
   check_defined(x, "unsqueeze");
   const int64_t w = wrap_dim(d, x.dim() + 1, "unsqueeze");
   Shape shape = x.shape(), strides = x.strides();
@@ -131,6 +136,7 @@ Tensor unsqueeze(const Tensor& x, int64_t d) {
 }
 
 Tensor squeeze(const Tensor& x, int64_t d) {
+  profile::Scope scope("squeeze");
   check_defined(x, "squeeze");
   if (x.dim() == 0) return x;
   const int64_t w = wrap_dim(d, x.dim(), "squeeze");
@@ -152,6 +158,7 @@ struct PermuteBackward final : Node {
 };
 
 Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
+  profile::Scope scope("permute");
   check_defined(x, "permute");
   EMBER_CHECK(static_cast<int64_t>(dims.size()) == x.dim(),
               "permute: {} dims given for a tensor of {} dims (shape {})", dims.size(), x.dim(),
@@ -171,6 +178,7 @@ Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
 }
 
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  profile::Scope scope("transpose");
   check_defined(x, "transpose");
   if (x.dim() == 0) return x;
   std::vector<int64_t> dims(x.dim());
@@ -186,6 +194,7 @@ struct ExpandBackward final : Node {
 };
 
 Tensor expand(const Tensor& x, Shape shape) {
+  profile::Scope scope("expand");
   check_defined(x, "expand");
   EMBER_CHECK(shape.size() >= static_cast<size_t>(x.dim()),
               "expand: cannot expand shape {} to fewer dims {}", x.shape(), shape);
@@ -222,6 +231,7 @@ struct NarrowBackward final : Node {
 };
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  profile::Scope scope("narrow");
   check_defined(x, "narrow");
   EMBER_CHECK(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
   const int64_t d = wrap_dim(dim, x.dim(), "narrow");
