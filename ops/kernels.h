@@ -14,8 +14,9 @@ void unary_into(const Tensor& x, const Tensor& out, F f) {
   O* po = out.data<O>();
   const int64_t n = out.numel();
   if (x.is_contiguous()) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(px[i]);
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(px[i]);
+    });
     return;
   }
   StridedLoop<2> loop(out.shape(), {out.strides(), x.strides()});
@@ -33,14 +34,16 @@ void binary_into(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const int64_t n = out.numel();
   const bool flat = out.is_contiguous() && a.is_contiguous() && a.shape() == out.shape();
   if (flat && b.is_contiguous() && b.shape() == out.shape()) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   if (flat && b.numel() == 1) {
     const B vb = *pb;
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], vb);
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], vb);
+    });
     return;
   }
   StridedLoop<3> loop(out.shape(), {out.strides(), broadcast_strides(a, out.shape()),
