@@ -3,6 +3,7 @@
 // heatmap, the data, average pooling, nonparametric attention pooling, the bmm demo, and the
 // parametric model NWKernelRegression trained on leave-one-out keys and values. Every figure D2L
 // draws is written as SVG into --out, with the numbers a reader would check in metrics.json.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -21,12 +22,16 @@ int main(int argc, char** argv) {
   double lr = 0.5;
   std::string out = "out/nw_regression";
   app.add_option("--seed", seed, "random seed");
-  app.add_option("--epochs", epochs, "full-batch SGD steps")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs, "full-batch SGD steps")->check(CLI::Range(0, 1000000));
+  app.add_option("--lr", lr, "SGD learning rate (positive)");
   app.add_option("--n-train", n_train, "training examples")->check(CLI::Range(2, 100000));
   app.add_option("--threads", threads, "threads for OpenMP and OpenBLAS (0: all cores)");
   app.add_option("--out", out, "output directory");
   CLI11_PARSE(app, argc, argv);
+  if (!(lr > 0 && std::isfinite(lr))) {
+    fmt::print(stderr, "--lr must be a positive number, got {}\n", lr);
+    return 2;
+  }
   set_num_threads(threads);
   manual_seed(seed);
   std::filesystem::create_directories(out);
