@@ -41,8 +41,9 @@ void copy_into(const Tensor& dst, const Tensor& src) {
         if constexpr (std::is_same_v<D, S>) {
           std::copy(in, in + n, out);
         } else {
-          parallel_for_simd(n, n >= kParallelGrain,
-                            [&](int64_t i) { out[i] = static_cast<D>(in[i]); });
+          parallel_for(n, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) out[i] = static_cast<D>(in[i]);
+          });
         }
         return;
       }

@@ -3,18 +3,39 @@
 // operand is one long row. Broadcasting happens here, by strides, never by copying.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include <omp.h>
 
-#include "graph/parallel.h"
 #include "graph/tensor.h"
 
 namespace ember {
 
 // Elementwise loops below this many elements run on one thread (per-op overhead dominates).
 inline constexpr int64_t kParallelGrain = 32768;
+
+// Runs body(begin, end) over [0, n): split evenly across the OpenMP threads when n reaches
+// `grain`, else inline on this thread. A plain `if` rather than OpenMP's if-clause, which still
+// enters the runtime (microseconds) when false, and small tensors are the common case.
+template <class F>
+void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
+  if (n < grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    body(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    body(n * t / threads, n * (t + 1) / threads);
+  }
+}
+
+// The row count from which a loop over rows of `row_length` elements is worth splitting.
+inline int64_t row_grain(int64_t row_length) {
+  return std::max<int64_t>(2, kParallelGrain / std::max<int64_t>(row_length, 1));
+}
 
 // Strides of `t` viewed with shape `shape` (a broadcast of t's shape): 0 along broadcast dims.
 Shape broadcast_strides(const Tensor& t, const Shape& shape);
@@ -65,16 +86,9 @@ class StridedLoop {
   void run(F&& row) const {
     const int64_t rows = num_rows(), n = row_length();
     const Offsets inner = inner_strides();
-    if (rows * n < kParallelGrain || rows == 1) {
-      run_rows(0, rows, n, inner, row);
-      return;
-    }
-#pragma omp parallel
-    {
-      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-      const int64_t begin = rows * t / threads, end = rows * (t + 1) / threads;
-      run_rows(begin, end, n, inner, row);
-    }
+    const int64_t grain = rows == 1 ? rows + 1 : std::max<int64_t>(1, kParallelGrain / n);
+    parallel_for(
+        rows, [&](int64_t begin, int64_t end) { run_rows(begin, end, n, inner, row); }, grain);
   }
 
   // As run, on the calling thread only (for loops whose rows write to shared slots).

@@ -281,9 +281,16 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
     for (int64_t d = 0; d < dim; ++d) pre *= x.size(d);
     for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
     const int64_t rows = pre * k_count;
-    parallel_for(rows, out.numel() >= kParallelGrain && rows > 1, [&](int64_t r) {
+    const auto copy_row = [&](int64_t r) {
       std::copy_n(px + (r / k_count * n + idx[r % k_count]) * post, post, po + r * post);
-    });
+    };
+    // A branch, not an OpenMP `if` clause: that still enters the runtime, a few µs per call.
+    if (out.numel() >= kParallelGrain && rows > 1) {
+#pragma omp parallel for
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
+    }
     return;
   }
   const int64_t sx = x.stride(dim), so = out.stride(dim);

@@ -1,7 +1,6 @@
 // Elementwise kernel templates shared by the op families: a contiguous fast path (a plain loop
 // the compiler vectorises, OpenMP above kParallelGrain) and a general strided path that
-// broadcasts by strides. They allocate the output; callers pick the element types. Small loops
-// never enter OpenMP (Note [Serial below the grain] in graph/parallel.h).
+// broadcasts by strides. They allocate the output; callers pick the element types.
 #pragma once
 
 #include "graph/strided.h"
@@ -15,7 +14,9 @@ void unary_into(const Tensor& x, const Tensor& out, F f) {
   O* po = out.data<O>();
   const int64_t n = out.numel();
   if (x.is_contiguous()) {
-    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(px[i]); });
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(px[i]);
+    });
     return;
   }
   StridedLoop<2> loop(out.shape(), {out.strides(), x.strides()});
@@ -33,12 +34,16 @@ void binary_into(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const int64_t n = out.numel();
   const bool flat = out.is_contiguous() && a.is_contiguous() && a.shape() == out.shape();
   if (flat && b.is_contiguous() && b.shape() == out.shape()) {
-    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(pa[i], pb[i]); });
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   if (flat && b.numel() == 1) {
     const B vb = *pb;
-    parallel_for_simd(n, n >= kParallelGrain, [&](int64_t i) { po[i] = f(pa[i], vb); });
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], vb);
+    });
     return;
   }
   StridedLoop<3> loop(out.shape(), {out.strides(), broadcast_strides(a, out.shape()),

@@ -176,15 +176,21 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   T* pc = out.data<T>();
   const int64_t count = static_cast<int64_t>(off_a.size());
   const bool parallel = count > 1 && work <= kBlasSerialWork && count * work >= kParallelGrain;
-  parallel_for(count, parallel, [&](int64_t i) {
-    if (small) {
-      small_gemm<T>(m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs}, {sb.p + off_b[i], sb.rs, sb.cs},
-                    T(0), {pc + i * m * n, n, 1});
-    } else {
-      blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
-                   pc + i * m * n, n);
+  const auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (small) {
+        small_gemm<T>(m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs},
+                      {sb.p + off_b[i], sb.rs, sb.cs}, T(0), {pc + i * m * n, n, 1});
+      } else {
+        blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
+                     pc + i * m * n, n);
+      }
     }
-  });
+  };
+  if (parallel)
+    parallel_for(count, run, 2);
+  else
+    run(0, count);
 }
 
 // x (..., c) as a 2-D (N, c) view when its leading dims fold into one dim of rows.

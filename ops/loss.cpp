@@ -311,17 +311,23 @@ struct CrossEntropyBackward final : Node {
       const T *px = x.data<T>(), *stats = stats_.get().data<T>();
       T* pg = grad_x.data<T>();
       const T keep = static_cast<T>(1 - eps_), spread = static_cast<T>(eps_ / C);
-      parallel_for(N, N > 1 && N * C >= kParallelGrain, [&](int64_t n) {
-        T* row = pg + n * C;
-        if (t[n] == ignore_index_) {
-          std::fill(row, row + C, T(0));
-          return;
-        }
-        const T* xr = px + n * s0;
-        const T w = dl(n), m = stats[2 * n], log_s = stats[2 * n + 1];
-        for (int64_t c = 0; c < C; ++c) row[c] = w * (std::exp((xr[c * s1] - m) - log_s) - spread);
-        row[t[n]] -= w * keep;
-      });
+      parallel_for(
+          N,
+          [&](int64_t begin, int64_t end) {
+            for (int64_t n = begin; n < end; ++n) {
+              T* row = pg + n * C;
+              if (t[n] == ignore_index_) {
+                std::fill(row, row + C, T(0));
+                continue;
+              }
+              const T* xr = px + n * s0;
+              const T w = dl(n), m = stats[2 * n], log_s = stats[2 * n + 1];
+              for (int64_t c = 0; c < C; ++c)
+                row[c] = w * (std::exp((xr[c * s1] - m) - log_s) - spread);
+              row[t[n]] -= w * keep;
+            }
+          },
+          row_grain(C));
     });
     return {grad_x};
   }
@@ -343,14 +349,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     const T* x = logits.data<T>();
     T* ps = stats.data<T>();
     std::vector<double> losses(g.N, 0.0);
-    parallel_for(g.N, g.N > 1 && g.N * g.C >= kParallelGrain, [&](int64_t n) {
-      if (pt[n] == ignore_index) {
-        ps[2 * n] = ps[2 * n + 1] = 0;
-        return;
-      }
-      losses[n] = cross_entropy_row(x + n * g.row_stride, g.class_stride, g.C, pt[n],
-                                    label_smoothing, ps + 2 * n);
-    });
+    parallel_for(
+        g.N,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t n = begin; n < end; ++n) {
+            if (pt[n] == ignore_index) {
+              ps[2 * n] = ps[2 * n + 1] = 0;
+              continue;
+            }
+            losses[n] = cross_entropy_row(x + n * g.row_stride, g.class_stride, g.C, pt[n],
+                                          label_smoothing, ps + 2 * n);
+          }
+        },
+        row_grain(g.C));
     return row_losses_result<T>(losses, logits, reduction, g.count);
   });
   if (any_requires_grad(logits))

@@ -67,7 +67,12 @@ Rows rows_along(const Tensor& t, int64_t dim) {
 // Calls f(r) for every row, in parallel above the grain.
 template <class F>
 void for_each_row(const Rows& rows, F f) {
-  parallel_for(rows.count, rows.parallel(), f);
+  parallel_for(
+      rows.count,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) f(r);
+      },
+      row_grain(rows.n));
 }
 
 // --- softmax and log_softmax
@@ -203,29 +208,34 @@ namespace {
 template <class T>
 void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
                         int64_t M, int64_t N, double eps) {
-  parallel_for(M, M > 1 && M * N >= kParallelGrain, [&](int64_t r) {
-    const T* xr = x + r * N;
-    T* yr = y + r * N;
-    const double shift = xr[0];
-    double s1 = 0, s2 = 0;
+  parallel_for(
+      M,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const T* xr = x + r * N;
+          T* yr = y + r * N;
+          const double shift = xr[0];
+          double s1 = 0, s2 = 0;
 #pragma omp simd reduction(+ : s1, s2)
-    for (int64_t j = 0; j < N; ++j) {
-      const double d = static_cast<double>(xr[j]) - shift;
-      s1 += d;
-      s2 += d * d;
-    }
-    const double m = s1 / N, var = std::max(s2 / N - m * m, 0.0);
-    const T mu = static_cast<T>(shift + m), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
-    mean[r] = mu;
-    rstd[r] = rs;
+          for (int64_t j = 0; j < N; ++j) {
+            const double d = static_cast<double>(xr[j]) - shift;
+            s1 += d;
+            s2 += d * d;
+          }
+          const double m = s1 / N, var = std::max(s2 / N - m * m, 0.0);
+          const T mu = static_cast<T>(shift + m), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
+          mean[r] = mu;
+          rstd[r] = rs;
 #pragma omp simd
-    for (int64_t j = 0; j < N; ++j) {
-      T v = (xr[j] - mu) * rs;
-      if (weight) v *= weight[j];
-      if (bias) v += bias[j];
-      yr[j] = v;
-    }
-  });
+          for (int64_t j = 0; j < N; ++j) {
+            T v = (xr[j] - mu) * rs;
+            if (weight) v *= weight[j];
+            if (bias) v += bias[j];
+            yr[j] = v;
+          }
+        }
+      },
+      row_grain(N));
 }
 
 // Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
@@ -240,9 +250,8 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   const bool param_grads = dweight || dbias;
   const int max_threads = parallel ? omp_get_max_threads() : 1;
   std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
-  // One slice of rows per thread (Note [Serial below the grain] in graph/parallel.h).
-  const auto rows = [&] {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+  // One call per thread (a branch, not OpenMP's if-clause, which costs microseconds when false).
+  const auto run = [&](int64_t t, int64_t threads) {
     double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
     double* pb = param_grads ? pw + N : nullptr;
     for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
@@ -275,9 +284,9 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   };
   if (parallel) {
 #pragma omp parallel num_threads(max_threads)
-    rows();
+    run(omp_get_thread_num(), omp_get_num_threads());
   } else {
-    rows();
+    run(0, 1);
   }
   if (!param_grads) return;
   for (int64_t j = 0; j < N; ++j) {
@@ -462,14 +471,19 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     const T* pw = weight.data<T>();
     T* po = out.data<T>();
     const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
-    parallel_for(count, count > 1 && count * dim >= kParallelGrain, [&](int64_t k) {
-      const T* src = pw + pi[k] * s0;
-      T* dst = po + k * dim;
-      if (s1 == 1)
-        std::memcpy(dst, src, dim * sizeof(T));
-      else
-        for (int64_t j = 0; j < dim; ++j) dst[j] = src[j * s1];
-    });
+    parallel_for(
+        count,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t k = begin; k < end; ++k) {
+            const T* src = pw + pi[k] * s0;
+            T* dst = po + k * dim;
+            if (s1 == 1)
+              std::memcpy(dst, src, dim * sizeof(T));
+            else
+              for (int64_t j = 0; j < dim; ++j) dst[j] = src[j * s1];
+          }
+        },
+        row_grain(dim));
   });
   if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
   return out;

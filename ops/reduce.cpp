@@ -61,11 +61,17 @@ void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int6
   for (size_t d = lead; d < reduce.size(); ++d) trailing = trailing && reduce[d];
   if (trailing) {
     const int64_t m = out_numel == 0 ? 0 : x.numel() / out_numel;
-    parallel_for(out_numel, x.numel() >= kParallelGrain && out_numel > 1, [&](int64_t i) {
-      Acc acc = 0;
-      for (int64_t j = 0; j < m; ++j) acc += static_cast<Acc>(px[i * m + j]);
-      out[i] = acc;
-    });
+    const int64_t grain = std::max<int64_t>(2, kParallelGrain / std::max<int64_t>(m, 1));
+    parallel_for(
+        out_numel,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            Acc acc = 0;
+            for (int64_t j = 0; j < m; ++j) acc += static_cast<Acc>(px[i * m + j]);
+            out[i] = acc;
+          }
+        },
+        grain);
     return;
   }
   StridedLoop<2> loop(x.shape(), {scatter_strides(x.shape(), reduce), x.strides()});

@@ -85,16 +85,19 @@ void SGD::step() {
       const T lr = T(lr_), wd = T(o.weight_decay), mu = T(o.momentum);
       const T keep = T(1 - o.dampening);
       if (o.momentum == 0) {
-        parallel_for_simd(n, n >= kParallelGrain,
-                          [&](int64_t j) { p[j] -= lr * (g[j] + wd * p[j]); });
+        parallel_for(n, [&](int64_t begin, int64_t end) {
+          for (int64_t j = begin; j < end; ++j) p[j] -= lr * (g[j] + wd * p[j]);
+        });
         return;
       }
       T* b = momentum_buffers_[i].data<T>();
       const bool nesterov = o.nesterov;
-      parallel_for_simd(n, n >= kParallelGrain, [&](int64_t j) {
-        const T d = g[j] + wd * p[j];
-        b[j] = first ? d : mu * b[j] + keep * d;
-        p[j] -= lr * (nesterov ? d + mu * b[j] : b[j]);
+      parallel_for(n, [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
+          const T d = g[j] + wd * p[j];
+          b[j] = first ? d : mu * b[j] + keep * d;
+          p[j] -= lr * (nesterov ? d + mu * b[j] : b[j]);
+        }
       });
     });
   }
@@ -133,12 +136,14 @@ void Adam::step() {
       const T decay = T(o.decoupled_weight_decay ? 1 - lr_ * o.weight_decay : 1);
       const T b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
       const T s = T(step_size), c2 = T(bc2_sqrt);
-      parallel_for_simd(n, n >= kParallelGrain, [&](int64_t j) {
-        const T gj = g[j] + l2 * p[j];
-        p[j] *= decay;
-        m[j] = m[j] * b1 + (1 - b1) * gj;
-        v[j] = v[j] * b2 + (1 - b2) * gj * gj;
-        p[j] -= s * m[j] / (std::sqrt(v[j]) / c2 + eps);
+      parallel_for(n, [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
+          const T gj = g[j] + l2 * p[j];
+          p[j] *= decay;
+          m[j] = m[j] * b1 + (1 - b1) * gj;
+          v[j] = v[j] * b2 + (1 - b2) * gj * gj;
+          p[j] -= s * m[j] / (std::sqrt(v[j]) / c2 + eps);
+        }
       });
     });
   }
