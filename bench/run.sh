@@ -7,6 +7,7 @@
 #
 #   bench/run.sh [BUILD_DIR] [ember_bench selection args, e.g. --filter nw/]
 #   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
+#        BENCH_SKIP_BUILD=1 (use the ember_bench already built)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -24,7 +25,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
 fi
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$BUILD" -j"${JOBS:-2}" --target ember_bench
+[ -n "${BENCH_SKIP_BUILD:-}" ] || cmake --build "$BUILD" -j"${JOBS:-2}" --target ember_bench
 BIN="$BUILD/bench/ember_bench"
 
 rm -rf "$OUT"

@@ -1,0 +1,82 @@
+// Annotated Transformer training steps (issue 7, workloads A, B, C): forward, label-smoothed KL
+// divided by ntokens, backward, Adam + LambdaLR (the Noam rate), dropout 0.1, Float32, on one
+// fixed batch of the copy task's kind (rows from randint(1, V), the first token 1, pad 0). The
+// PyTorch twin is transformer_step in bench/pytorch/bench_torch.py. This file registers its
+// workloads itself when the program starts; bench/CMakeLists.txt builds it only where the
+// transformer (nn/copy_task.h) exists.
+#include <fmt/format.h>
+
+#include "bench/harness.h"
+#include "ember.h"
+#include "nn/copy_task.h"
+
+namespace ember::bench {
+
+namespace {
+
+struct Config {
+  const char* name;
+  int64_t V, N, d_model, d_ff, h, batch, length;
+};
+
+// Multiply-adds of the forward's products (projections, attention, feed-forward, generator),
+// times 2 flops, times 3 for forward + backward; S source and T = S - 1 target tokens per row.
+double step_flops(const Config& c) {
+  const double D = c.d_model, F = c.d_ff, S = c.length, T = c.length - 1;
+  const double enc = S * (4 * D * D + 2 * D * F) + 2 * S * S * D;
+  const double dec =
+      T * (4 * D * D + 2 * D * F) + 2 * T * T * D + T * 2 * D * D + S * 2 * D * D + 2 * T * S * D;
+  return 3.0 * 2 * c.batch * (c.N * (enc + dec) + T * D * c.V);
+}
+
+// Everything one training step touches, kept alive by the step closure.
+struct Trainer {
+  std::shared_ptr<nn::EncoderDecoder> model;
+  std::unique_ptr<nn::LabelSmoothing> criterion;
+  std::unique_ptr<optim::Adam> optimizer;
+  std::unique_ptr<optim::LambdaLR> scheduler;
+  std::unique_ptr<nn::SimpleLossCompute> loss_compute;
+  std::unique_ptr<nn::Batch> batch;
+
+  void step() {
+    const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
+    const nn::LossOutput loss = (*loss_compute)(out, batch->tgt_y, batch->ntokens);
+    loss.loss.backward();
+    optimizer->step();
+    optimizer->zero_grad();
+    scheduler->step();
+  }
+};
+
+std::function<void()> make_step(Config c, bool tiny) {
+  if (tiny) c = {c.name, 11, 1, 16, 32, 2, 2, 5};
+  auto t = std::make_shared<Trainer>();
+  t->model = nn::make_model(c.V, c.V, c.N, c.d_model, c.d_ff, c.h, 0.1);
+  t->model->train();
+  t->criterion = std::make_unique<nn::LabelSmoothing>(c.V, 0, 0.1);
+  t->optimizer = std::make_unique<optim::Adam>(
+      t->model->parameters(),
+      optim::AdamOptions{.lr = 0.5, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
+  const int64_t d_model = c.d_model;
+  t->scheduler = std::make_unique<optim::LambdaLR>(
+      *t->optimizer, [d_model](int64_t step) { return optim::rate(step, d_model, 1.0, 400); });
+  t->loss_compute = std::make_unique<nn::SimpleLossCompute>(*t->model->generator, *t->criterion);
+  Tensor data = randint(1, c.V, {c.batch, c.length});
+  data.narrow(1, 0, 1).fill_(1);
+  t->batch = std::make_unique<nn::Batch>(data.clone(), data.clone(), 0);
+  return [t] { t->step(); };
+}
+
+void add_transformer_workloads() {
+  for (const Config& c :
+       {Config{"transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10},
+        Config{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10},
+        Config{"transformer/C base V=1000 N=6 d=512 b=32 len=32", 1000, 6, 512, 2048, 8, 32, 32}})
+    registry().push_back({c.name, step_flops(c), [c](bool tiny) { return make_step(c, tiny); }});
+}
+
+const bool g_registered = (add_transformer_workloads(), true);
+
+}  // namespace
+
+}  // namespace ember::bench
