@@ -18,3 +18,4 @@
 #include "ops/shape.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
+#include "viz/viz.h"

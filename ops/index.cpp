@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
@@ -113,6 +112,29 @@ struct RepeatInterleaveBackward final : Node {
   int64_t dim_;
 };
 
+namespace {
+
+// Fast path for a small contiguous x (pre, n, post): each of the pre*n blocks of `post`
+// elements is written `repeats` times in a row.
+void repeat_blocks(const Tensor& x, int64_t dim, int64_t repeats, const Tensor& out) {
+  int64_t post = 1;
+  for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
+  const int64_t blocks = post == 0 ? 0 : x.numel() / post;
+  dispatch_all(x.dtype(), [&]<class T>() {
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    for (int64_t b = 0; b < blocks; ++b, src += post) {
+      if (post == 1) {
+        dst = std::fill_n(dst, repeats, *src);
+      } else {
+        for (int64_t k = 0; k < repeats; ++k) dst = std::copy_n(src, post, dst);
+      }
+    }
+  });
+}
+
+}  // namespace
+
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   check_defined(x, "repeat_interleave");
   EMBER_CHECK(repeats >= 0, "repeat_interleave: repeats must be non-negative, got {}", repeats);
@@ -128,9 +150,12 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   src_shape.insert(src_shape.begin() + d + 1, 1);
   src_strides.insert(src_strides.begin() + d + 1, 0);
   Tensor out = empty(out_shape, x.dtype());
-  if (out.numel() > 0)
+  if (x.is_contiguous() && out.numel() < kParallelGrain) {
+    repeat_blocks(x, d, repeats, out);
+  } else if (out.numel() > 0) {
     copy_into(make_view(out, split, contiguous_strides(split), 0),
               make_view(x, src_shape, src_strides, x.storage_offset()));
+  }
   if (any_requires_grad(x)) connect(std::make_shared<RepeatInterleaveBackward>(split, d), {x}, out);
   return out;
 }
@@ -249,10 +274,16 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
     int64_t pre = 1, post = 1;
     for (int64_t d = 0; d < dim; ++d) pre *= x.size(d);
     for (int64_t d = dim + 1; d < x.dim(); ++d) post *= x.size(d);
-#pragma omp parallel for if (out.numel() >= kParallelGrain && pre * k_count > 1)
-    for (int64_t r = 0; r < pre * k_count; ++r) {
-      const int64_t p = r / k_count, k = r % k_count;
-      std::copy_n(px + (p * n + idx[k]) * post, post, po + r * post);
+    const int64_t rows = pre * k_count;
+    const auto copy_row = [&](int64_t r) {
+      std::copy_n(px + (r / k_count * n + idx[r % k_count]) * post, post, po + r * post);
+    };
+    // A branch, not an OpenMP `if` clause: that still enters the runtime, a few µs per call.
+    if (out.numel() >= kParallelGrain && rows > 1) {
+#pragma omp parallel for
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) copy_row(r);
     }
     return;
   }
@@ -304,10 +335,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const Tensor idx = index.contiguous();
   const int64_t* pi = idx.data<int64_t>();
+  const int64_t size = x.size(d);
   for (int64_t k = 0; k < idx.numel(); ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < x.size(d),
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
                 "index_select: index {} out of range for dim {} of size {} (shape {})", pi[k], d,
-                x.size(d), x.shape());
+                size, x.shape());
   Shape out_shape = x.shape();
   out_shape[d] = idx.numel();
   Tensor out = empty(out_shape, x.dtype());
@@ -446,16 +478,28 @@ Tensor tril(const Tensor& x, int64_t diagonal) {
 
 namespace {
 
-// Whether a sorts strictly before b; NaN counts as larger than every number, as torch.
+// Sorts (value, original position) pairs by value, stably: equal values keep their order (the
+// position breaks ties, so the faster unstable std::sort is enough). NaN counts as larger than
+// every number, as torch: NaNs are moved, in order, to the end (or the front when descending).
 template <class T, bool Descending>
-bool sorts_before(T a, T b) {
+void stable_sort_line(std::vector<std::pair<T, int64_t>>& line) {
+  auto first = line.begin(), last = line.end();
   if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a) || std::isnan(b)) return Descending ? !std::isnan(b) : !std::isnan(a);
+    const auto is_nan = [](const std::pair<T, int64_t>& e) { return std::isnan(e.first); };
+    if (std::any_of(first, last, is_nan)) {
+      if (Descending)
+        first = std::stable_partition(first, last, is_nan);
+      else
+        last = std::stable_partition(first, last, [&](const auto& e) { return !is_nan(e); });
+    }
   }
-  return Descending ? a > b : a < b;
+  std::sort(first, last, [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
+    if (a.first == b.first) return a.second < b.second;
+    return Descending ? a.first > b.first : a.first < b.first;
+  });
 }
 
-// values/indices = x sorted along dim, stable: equal elements keep their order.
+// values/indices = x sorted along dim (each line of n elements on its own).
 template <class T, bool Descending>
 void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tensor& indices) {
   const int64_t n = x.size(dim), sx = x.stride(dim), sv = values.stride(dim),
@@ -463,29 +507,17 @@ void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tenso
   const T* px = x.data<T>();
   T* pv = values.data<T>();
   int64_t* pi = indices.data<int64_t>();
-  const auto before = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
-    return sorts_before<T, Descending>(a.first, b.first);
-  };
-  for_each_line<3>(x.shape(), dim, {x.strides(), values.strides(), indices.strides()},
-                   [&](const auto& off) {
-                     thread_local std::vector<std::pair<T, int64_t>> line;
-                     line.resize(n);
-                     for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
-                     if (n <= 16) {  // insertion sort: stable, no allocation
-                       for (int64_t j = 1; j < n; ++j) {
-                         const auto v = line[j];
-                         int64_t k = j;
-                         for (; k > 0 && before(v, line[k - 1]); --k) line[k] = line[k - 1];
-                         line[k] = v;
-                       }
-                     } else {
-                       std::stable_sort(line.begin(), line.end(), before);
-                     }
-                     for (int64_t j = 0; j < n; ++j) {
-                       pv[off[1] + j * sv] = line[j].first;
-                       pi[off[2] + j * si] = line[j].second;
-                     }
-                   });
+  const std::array<Shape, 3> strides = {x.strides(), values.strides(), indices.strides()};
+  for_each_line<3>(x.shape(), dim, strides, [&](const auto& off) {
+    thread_local std::vector<std::pair<T, int64_t>> line;
+    line.resize(n);
+    for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
+    stable_sort_line<T, Descending>(line);
+    for (int64_t j = 0; j < n; ++j) {
+      pv[off[1] + j * sv] = line[j].first;
+      pi[off[2] + j * si] = line[j].second;
+    }
+  });
 }
 
 }  // namespace
@@ -504,11 +536,10 @@ struct SortBackward final : Node {
       T* px = grad_x.data<T>();
       const int64_t n = g.size(dim_), sx = grad_x.stride(dim_), sg = g.stride(dim_),
                     si = indices.stride(dim_);
-      for_each_line<3>(g.shape(), dim_, {grad_x.strides(), g.strides(), indices.strides()},
-                       [&](const auto& off) {
-                         for (int64_t k = 0; k < n; ++k)
-                           px[off[0] + pi[off[2] + k * si] * sx] = pg[off[1] + k * sg];
-                       });
+      const std::array<Shape, 3> strides = {grad_x.strides(), g.strides(), indices.strides()};
+      for_each_line<3>(g.shape(), dim_, strides, [&](const auto& off) {
+        for (int64_t k = 0; k < n; ++k) px[off[0] + pi[off[2] + k * si] * sx] = pg[off[1] + k * sg];
+      });
     });
     return {grad_x};
   }

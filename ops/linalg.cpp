@@ -69,16 +69,11 @@ Operand blas_operand(const Tensor& x) {
   return {dense, *blas_layout(dense)};
 }
 
-// C (m, n) row-major with leading dim ldc = alpha · op(A) · op(B) + beta · C, op(A) (m, k).
+// C (m, n) row-major with leading dim ldc = alpha · op(A) · op(B) + beta · C, op(A) (m, k), all
+// of m, n, k >= 1 (empty products take the plain loop below, as BLAS rejects their ld of 0).
 template <class T>
 void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la, const T* b,
                BlasLayout lb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: BLAS would reject the leading dims of the empty operands
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    return;
-  }
   const auto i = [](int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
@@ -172,7 +167,7 @@ template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
-  const bool small = work <= kSmallGemmWork;
+  const bool small = work <= kSmallGemmWork;  // the loop reads any strides, BLAS may need copies
   const Operand oa = small ? Operand{a, {}} : blas_operand(a);
   const Operand ob = small ? Operand{b, {}} : blas_operand(b);
   const std::vector<int64_t> off_a = batch_offsets(oa.t, batch), off_b = batch_offsets(ob.t, batch);

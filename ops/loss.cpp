@@ -165,9 +165,12 @@ Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction
 
 namespace {
 
-// The (N, C) geometry of class scores of shape (N, C) or (C) (then N = 1) and their target.
+// The (N, C) geometry of class scores of shape (N, C) or (C) (then N = 1), their target made
+// contiguous, and how many targets are not ignored.
 struct ClassRows {
   int64_t N, C, row_stride, class_stride;
+  Tensor target;
+  double count;
 };
 
 ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t ignore_index,
@@ -185,13 +188,19 @@ ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t
   EMBER_CHECK(target.shape() == expected,
               "{}: target of shape {} does not match input of shape {} (expected target shape {})",
               op, target.shape(), scores.shape(), expected);
-  const ClassRows rows{batched ? scores.size(0) : 1, scores.size(-1),
-                       batched ? scores.stride(0) : 0, scores.stride(-1)};
-  const std::vector<int64_t> t = target.to_vector<int64_t>();
-  for (int64_t v : t)
-    EMBER_CHECK(v == ignore_index || (v >= 0 && v < rows.C),
-                "{}: target {} out of range for {} classes (input of shape {})", op, v, rows.C,
+  ClassRows rows{batched ? scores.size(0) : 1,
+                 scores.size(-1),
+                 batched ? scores.stride(0) : 0,
+                 scores.stride(-1),
+                 target.contiguous(),
+                 0};
+  const int64_t* t = rows.target.data<int64_t>();
+  for (int64_t n = 0; n < rows.N; ++n) {
+    EMBER_CHECK(t[n] == ignore_index || (t[n] >= 0 && t[n] < rows.C),
+                "{}: target {} out of range for {} classes (input of shape {})", op, t[n], rows.C,
                 scores.shape());
+    rows.count += t[n] != ignore_index;
+  }
   return rows;
 }
 
@@ -206,11 +215,6 @@ Tensor row_losses_result(const std::vector<double>& losses, const Tensor& scores
   std::transform(losses.begin(), losses.end(), out.data<T>(),
                  [](double v) { return static_cast<T>(v); });
   return out;
-}
-
-int64_t count_kept(const Tensor& target, int64_t ignore_index) {
-  const int64_t* t = target.data<int64_t>();
-  return std::count_if(t, t + target.numel(), [&](int64_t v) { return v != ignore_index; });
 }
 
 }  // namespace
@@ -244,18 +248,17 @@ struct NllLossBackward final : Node {
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index) {
   const ClassRows g = check_class_target(log_probs, target, ignore_index, "nll_loss");
-  const Tensor t = target.contiguous();
-  const int64_t* pt = t.data<int64_t>();
-  const double count = static_cast<double>(count_kept(t, ignore_index));
+  const int64_t* pt = g.target.data<int64_t>();
   Tensor out = dispatch_float(log_probs.dtype(), "nll_loss", [&]<class T>() {
     const T* x = log_probs.data<T>();
     std::vector<double> losses(g.N, 0.0);
     for (int64_t n = 0; n < g.N; ++n)
       if (pt[n] != ignore_index) losses[n] = -x[n * g.row_stride + pt[n] * g.class_stride];
-    return row_losses_result<T>(losses, log_probs, reduction, count);
+    return row_losses_result<T>(losses, log_probs, reduction, g.count);
   });
   if (any_requires_grad(log_probs))
-    connect(std::make_shared<NllLossBackward>(t, reduction, ignore_index, count), {log_probs}, out);
+    connect(std::make_shared<NllLossBackward>(g.target, reduction, ignore_index, g.count),
+            {log_probs}, out);
   return out;
 }
 
@@ -330,9 +333,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   const ClassRows g = check_class_target(logits, target, ignore_index, "cross_entropy");
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
               "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
-  const Tensor t = target.contiguous();
-  const int64_t* pt = t.data<int64_t>();
-  const double count = static_cast<double>(count_kept(t, ignore_index));
+  const int64_t* pt = g.target.data<int64_t>();
   Tensor stats = empty({g.N, 2}, logits.dtype());
   Tensor out = dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     const T* x = logits.data<T>();
@@ -347,11 +348,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
       losses[n] = cross_entropy_row(x + n * g.row_stride, g.class_stride, g.C, pt[n],
                                     label_smoothing, ps + 2 * n);
     }
-    return row_losses_result<T>(losses, logits, reduction, count);
+    return row_losses_result<T>(losses, logits, reduction, g.count);
   });
   if (any_requires_grad(logits))
-    connect(std::make_shared<CrossEntropyBackward>(logits, t, stats, reduction, ignore_index,
-                                                   label_smoothing, count),
+    connect(std::make_shared<CrossEntropyBackward>(logits, g.target, stats, reduction, ignore_index,
+                                                   label_smoothing, g.count),
             {logits}, out);
   return out;
 }

@@ -265,6 +265,13 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   }
 }
 
+// A contiguous copy (or t itself) for a kernel to read; the copy is data, not part of the graph.
+Tensor contiguous_data(const Tensor& t) {
+  if (!t.defined()) return t;
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
 template <class T>
 const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
@@ -332,9 +339,7 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
   EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got {}", eps);
 
   const int64_t N = shape_numel(normalized_shape), M = N == 0 ? 0 : x.numel() / N;
-  const Tensor xc = x.contiguous();
-  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
-  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
   Tensor out = empty(x.shape(), x.dtype());
   Tensor mean = empty({M}, x.dtype()), rstd = empty({M}, x.dtype());
   dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {

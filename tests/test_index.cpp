@@ -164,6 +164,10 @@ BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
          return stack({v[1].expand({3, 2}), v[0].narrow(2, 1, 2).narrow(0, 1, 1).squeeze(0)}, 0);
        }},
       {"stack single size-1", [](const Inputs& v) { return stack({v[1]}, -1); }},
+      {"stack 0-d",
+       [](const Inputs& v) {
+         return stack({v[0].sum(), v[1].mean(), v[0].sum()});
+       }},
       {"index_select transposed",
        [=](const Inputs& v) { return v[0].transpose(0, 2).index_select(1, idx.narrow(0, 2, 3)); }},
       {"index_select repeated dim 0",

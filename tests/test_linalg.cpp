@@ -72,9 +72,103 @@ const std::vector<Case>& cases() {
   return table;
 }
 
-// matmul by broadcasting and summing, an independent reference: (..., m, k, 1) * (..., 1, k, n).
+// matmul by broadcasting and summing, an independent reference: (..., m, k, 1) * (..., 1, k, n),
+// with torch's unit dims for 1-D operands.
 Tensor reference_matmul(const Tensor& a, const Tensor& b) {
+  if (a.dim() == 1) return reference_matmul(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return reference_matmul(a, b.unsqueeze(-1)).squeeze(-1);
   return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum({-2});
+}
+
+// The products under test, or their references.
+struct Products {
+  std::function<Tensor(const Tensor&, const Tensor&)> matmul, bmm;
+  std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> linear;
+};
+const Products ember_ops{
+    [](const Tensor& a, const Tensor& b) { return matmul(a, b); },
+    [](const Tensor& a, const Tensor& b) { return bmm(a, b); },
+    [](const Tensor& x, const Tensor& w, const Tensor& b) { return linear(x, w, b); }};
+const Products reference_ops{reference_matmul, reference_matmul,
+                             [](const Tensor& x, const Tensor& w, const Tensor& b) {
+                               return reference_matmul(x, w.transpose(0, 1)) + b;
+                             }};
+
+// Cases large enough (over 512 multiply-adds per matrix) to go through BLAS rather than the
+// small-matrix loop: transpose flags, leading dims, copies of unreadable layouts, the fold of
+// batched · 2-D into one gemm, gradients arriving transposed. Checked by gradcheck and against
+// the reference products.
+struct BlasCase {
+  std::string name;
+  std::vector<Shape> shapes;
+  std::function<Tensor(Inputs, const Products&)> f;
+};
+
+const std::vector<BlasCase>& blas_cases() {
+  using P = const Products&;
+  static const std::vector<BlasCase> table = {
+      {"mm", {{10, 12}, {12, 9}}, [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"transposed_a",
+       {{12, 10}, {12, 9}},
+       [](Inputs v, P p) { return p.matmul(v[0].transpose(0, 1), v[1]); }},
+      {"transposed_both",
+       {{12, 10}, {9, 12}},
+       [](Inputs v, P p) { return p.matmul(v[0].transpose(0, 1), v[1].transpose(0, 1)); }},
+      {"narrowed_lda",
+       {{10, 15}, {12, 20}},
+       [](Inputs v, P p) { return p.matmul(v[0].narrow(1, 2, 12), v[1].narrow(1, 3, 9)); }},
+      {"expanded_b_copied",
+       {{10, 12}, {12, 1}},
+       [](Inputs v, P p) {
+         return p.matmul(v[0], v[1].expand({12, 9}));
+       }},
+      {"expanded_batch",
+       {{10, 12}, {3, 12, 9}},
+       [](Inputs v, P p) {
+         return p.matmul(v[0].expand({3, 10, 12}), v[1]);
+       }},
+      {"attention",
+       {{2, 2, 10, 8}, {2, 2, 10, 8}},
+       [](Inputs v, P p) { return p.matmul(v[0], v[1].transpose(-2, -1)); }},
+      {"attention_head_views",  // (B, T, h·d) -> (B, h, T, d): ld = h·d, no copies
+       {{2, 10, 16}, {2, 10, 16}},
+       [](Inputs v, P p) {
+         const Tensor q = v[0].view({2, 10, 2, 8}).transpose(1, 2);
+         const Tensor k = v[1].view({2, 10, 2, 8}).transpose(1, 2);
+         return p.matmul(p.matmul(q, k.transpose(-2, -1)), q);
+       }},
+      {"batch_broadcast",
+       {{2, 1, 10, 8}, {3, 8, 9}},
+       [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"mat_batched", {{10, 12}, {2, 12, 9}}, [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"vec_batched", {{40}, {2, 40, 20}}, [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"batched_vec", {{2, 20, 40}, {40}}, [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"batched_mat_folded",
+       {{2, 10, 12}, {12, 9}},
+       [](Inputs v, P p) { return p.matmul(v[0], v[1]); }},
+      {"permuted_batch",
+       {{10, 2, 12}, {12, 9}},
+       [](Inputs v, P p) { return p.matmul(v[0].transpose(0, 1), v[1]); }},
+      {"grad_transposed",
+       {{2, 10, 12}, {2, 12, 9}},
+       [](Inputs v, P p) { return p.matmul(v[0], v[1]).transpose(-2, -1); }},
+      {"bmm_transposed",
+       {{2, 12, 10}, {2, 9, 12}},
+       [](Inputs v, P p) { return p.bmm(v[0].transpose(1, 2), v[1].transpose(1, 2)); }},
+      {"linear_3d",
+       {{2, 10, 12}, {9, 12}, {9}},
+       [](Inputs v, P p) { return p.linear(v[0], v[1], v[2]); }},
+      {"linear_transposed_x",
+       {{10, 2, 12}, {9, 12}, {9}},
+       [](Inputs v, P p) { return p.linear(v[0].transpose(0, 1), v[1], v[2]); }},
+      {"linear_transposed_w",
+       {{20, 12}, {12, 9}, {9}},
+       [](Inputs v, P p) { return p.linear(v[0], v[1].transpose(0, 1), v[2]); }},
+      {"linear_grad_transposed",
+       {{20, 12}, {9, 12}, {9}},
+       [](Inputs v, P p) { return p.linear(v[0], v[1], v[2]).transpose(0, 1); }},
+  };
+  return table;
 }
 
 }  // namespace
@@ -131,38 +225,58 @@ BOOST_AUTO_TEST_CASE(float32_agrees_with_float64) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(blas_cases_gradcheck_and_reference) {
+  manual_seed(7);
+  for (const BlasCase& c : blas_cases()) {
+    std::vector<Tensor> inputs;
+    for (const Shape& s : c.shapes) inputs.push_back(leaf(s));
+    const auto f = [&](Inputs v) { return c.f(v, ember_ops); };
+    check_gradient(f, inputs, c.name);
+    expect_close(f(inputs), c.f(inputs, reference_ops), 1e-10, 1e-10, c.name + " vs reference");
+    std::vector<Tensor> x32;
+    for (const Tensor& x : inputs) x32.push_back(x.detach().to(kFloat32));
+    expect_close(c.f(x32, ember_ops), f(inputs), 1e-5, 1e-5, c.name + " Float32");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(transposed_operand_equals_contiguous_copy) {
   manual_seed(3);
   for (DType dtype : {kFloat64, kFloat32}) {
-    const Tensor a = randn({7, 5}, dtype), b = randn({6, 7}, dtype);
+    const Tensor a = randn({17, 15}, dtype), b = randn({16, 17}, dtype);
     const Tensor at = a.transpose(0, 1), bt = b.transpose(0, 1);
     BOOST_TEST(!at.is_contiguous());
     const Tensor want = matmul(at.contiguous(), bt.contiguous());
     expect_close(matmul(at, bt), want, 1e-6, 1e-6, "2-D, both transposed");
     expect_close(matmul(at, b.transpose(0, 1).contiguous()), want, 1e-6, 1e-6, "a transposed");
     // (B, h, T, d) @ (B, h, d, T) with k transposed, as in attention
-    const Tensor q = randn({2, 3, 4, 8}, dtype), k = randn({2, 3, 4, 8}, dtype);
+    const Tensor q = randn({2, 3, 12, 16}, dtype), k = randn({2, 3, 12, 16}, dtype);
     const Tensor kt = k.transpose(-2, -1);
     expect_close(matmul(q, kt), matmul(q, kt.contiguous()), 1e-6, 1e-6, "batched kᵀ");
-    expect_close(bmm(q.reshape({6, 4, 8}), kt.reshape({6, 8, 4})),
-                 matmul(q, kt.contiguous()).reshape({6, 4, 4}), 1e-6, 1e-6, "bmm kᵀ");
-    const Tensor w = randn({8, 5}, dtype);
+    expect_close(bmm(q.reshape({6, 12, 16}), kt.reshape({6, 16, 12})),
+                 matmul(q, kt.contiguous()).reshape({6, 12, 12}), 1e-6, 1e-6, "bmm kᵀ");
+    const Tensor w = randn({16, 10}, dtype);
     expect_close(linear(q, w.transpose(0, 1)), matmul(q, w), 1e-6, 1e-6, "linear with Wᵀ view");
   }
 }
 
 BOOST_AUTO_TEST_CASE(matches_reference_on_every_threading_path) {
   manual_seed(4);
-  // many small matrices (parallel over the batch), a large product (BLAS threads), a 2-D
-  // operand broadcast over a batch that does not fold, and empty dims
-  const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{64, 8, 9}, {64, 9, 7}}, {{2, 70, 80}, {2, 80, 60}}, {{3, 1, 6, 5}, {4, 5, 6}},
-      {{4, 0, 3}, {3, 2}},      {{2, 3, 0}, {2, 0, 4}},     {{0, 2, 3}, {3, 4}}};
+  // many small matrices (plain loop, then BLAS, parallel over the batch), a large product
+  // (BLAS threads), a 2-D operand broadcast over a batch that does not fold, an empty sum
+  const std::vector<std::pair<Shape, Shape>> shapes = {{{64, 8, 8}, {64, 8, 8}},
+                                                       {{64, 9, 10}, {64, 10, 8}},
+                                                       {{2, 70, 80}, {2, 80, 60}},
+                                                       {{3, 1, 6, 5}, {4, 5, 6}},
+                                                       {{2, 3, 0}, {2, 0, 4}}};
   for (const auto& [sa, sb] : shapes) {
     const Tensor a = randn(sa, kFloat64), b = randn(sb, kFloat64);
     expect_close(matmul(a, b), reference_matmul(a, b), 1e-10, 1e-10,
                  fmt::format("{} @ {}", sa, sb));
   }
+  // empty outputs
+  BOOST_TEST((matmul(ones({4, 0, 3}), ones({3, 2})).shape() == Shape{4, 0, 2}));
+  BOOST_TEST((matmul(ones({0, 2, 3}), ones({3, 4})).shape() == Shape{0, 2, 4}));
+  BOOST_TEST((linear(ones({0, 3}), ones({2, 3}), ones({2})).shape() == Shape{0, 2}));
   const Tensor big = randn({300, 200}, kFloat32), small = randn({200, 100}, kFloat32);
   expect_close(matmul(big, small), reference_matmul(big.to(kFloat64), small.to(kFloat64)), 1e-4,
                1e-4, "Float32 300x200 @ 200x100");
@@ -198,14 +312,18 @@ BOOST_AUTO_TEST_CASE(shapes_follow_torch) {
 
 BOOST_AUTO_TEST_CASE(gemm_accumulates_and_writes_column_major) {
   manual_seed(6);
+  // (m, k, n) for the plain loop and for BLAS, with a transposed a in the second
+  for (const auto& [m, k, n] : {std::tuple{3, 4, 2}, std::tuple{12, 10, 9}}) {
+    const Tensor a = randn({k, m}, kFloat64).transpose(0, 1), b = randn({k, n}, kFloat64);
+    const Tensor c0 = randn({m, n}, kFloat64);
+    Tensor c = c0.clone();
+    gemm(a, b, c, 2.0, 0.5);  // c = 2 a b + 0.5 c
+    expect_close(c, reference_matmul(a, b) * 2.0 + c0 * 0.5, 1e-12, 1e-12, "alpha, beta");
+    Tensor storage = zeros({n, m}, kFloat64);
+    gemm(a, b, storage.transpose(0, 1));  // a column-major output
+    expect_close(storage.transpose(0, 1), reference_matmul(a, b), 1e-12, 1e-12, "column-major c");
+  }
   const Tensor a = randn({3, 4}, kFloat64), b = randn({4, 2}, kFloat64);
-  const Tensor c0 = randn({3, 2}, kFloat64);
-  Tensor c = c0.clone();
-  gemm(a, b, c, 2.0, 0.5);  // c = 2 a b + 0.5 c
-  expect_close(c, matmul(a, b) * 2.0 + c0 * 0.5, 1e-12, 1e-12, "alpha, beta");
-  Tensor storage = zeros({2, 3}, kFloat64);
-  gemm(a, b, storage.transpose(0, 1));  // a column-major output
-  expect_close(storage.transpose(0, 1), matmul(a, b), 1e-12, 1e-12, "column-major c");
   expect_error([&] { gemm(a, b, zeros({1, 3, 2}, kFloat64)); }, {"gemm", "expected 2-D"});
   expect_error(
       [&] {
@@ -213,6 +331,19 @@ BOOST_AUTO_TEST_CASE(gemm_accumulates_and_writes_column_major) {
       },
       {"gemm", "neither row- nor column-major"});
   expect_error([&] { gemm(a, b, zeros({3, 2})); }, {"gemm", "Float64", "Float32"});
+}
+
+BOOST_AUTO_TEST_CASE(graph_is_freed) {
+  const int64_t nodes = live_nodes(), impls = live_tensor_impls();
+  {
+    Tensor x = randn({2, 3, 4}).requires_grad_(), w = randn({5, 4}).requires_grad_();
+    Tensor b = randn({5}).requires_grad_(), m = randn({5, 6}).requires_grad_();
+    Tensor loss = matmul(linear(x, w, b), m).sum() + bmm(x, x.transpose(1, 2)).sum();
+    loss.backward();
+    BOOST_TEST(live_nodes() > nodes);
+  }
+  BOOST_TEST(live_nodes() == nodes);
+  BOOST_TEST(live_tensor_impls() == impls);
 }
 
 BOOST_AUTO_TEST_CASE(backward_refuses_modified_input) {

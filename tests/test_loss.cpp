@@ -42,12 +42,16 @@ BOOST_AUTO_TEST_CASE(golden_values) {
   Golden g("ops.json");
   for (const auto& [name, r] : kReductions) {
     expect_close(mse_loss(g["mse_a"], g["mse_t"], r), g["mse_" + name], 1e-12, 1e-12, "mse");
+    expect_close(mse_loss(g["mse_a"], g["mse_tb"], r), g["mse_bcast_" + name], 1e-12, 1e-12,
+                 "mse broadcast");
     expect_close(nll_loss(g["nll_lp"], g["nll_t"], r), g["nll_" + name], 1e-12, 1e-12, "nll");
     expect_close(cross_entropy(g["ce_x"], g["ce_t"], r), g["ce_" + name], 1e-12, 1e-12, "ce");
     expect_close(cross_entropy(g["ce_x"], g["ce_t"], r, 2, 0.1), g["ce_ls_" + name], 1e-12, 1e-12,
                  "ce smoothed");
     expect_close(kl_div(g["kl_lp"], g["kl_t"], r), g["kl_" + name], 1e-12, 1e-12, "kl");
   }
+  expect_close(nll_loss(g["nll1_lp"], from_vector(std::vector<int64_t>{4}, {}), Reduction::Sum),
+               g["nll1_sum"], 1e-12, 1e-12, "nll 1-D");
   expect_close(cross_entropy(g["ce1_x"], g["ce1_t"], Reduction::Mean, -100, 0.2), g["ce1_ls_mean"],
                1e-12, 1e-12, "ce 1-D");
 }

@@ -67,6 +67,14 @@ BOOST_AUTO_TEST_CASE(softmax_golden) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(softmax_golden_1d_2d) {
+  Golden g("ops.json");
+  expect_close(softmax(g["sm1_x"], 0), g["softmax_1d"], 1e-10, 1e-12, "1-D");
+  expect_close(g["sm1_x"].log_softmax(-1), g["log_softmax_1d"], 1e-10, 1e-12, "1-D log");
+  expect_close(g["sm2_x"].softmax(0), g["softmax_2d_0"], 1e-10, 1e-12, "2-D dim 0");
+  expect_close(log_softmax(g["sm2_x"], -1), g["log_softmax_2d_m1"], 1e-10, 1e-12, "2-D dim -1");
+}
+
 BOOST_AUTO_TEST_CASE(softmax_extremes_stay_finite) {
   Golden g("ops.json");
   const Tensor big = g["sm_big"];  // rows with +-1e4, one masked with -1e9, one all -1e9
@@ -184,6 +192,8 @@ BOOST_AUTO_TEST_CASE(layer_norm_golden) {
   expect_close(b.grad(), g["ln_db"], 1e-9, 1e-12, "db");
   expect_close(layer_norm(g["ln1_x"], {6}, {}, {}, 1e-6), g["ln1_y"], 1e-10, 1e-12, "no affine");
   expect_close(g["ln1_x"].layer_norm({6}, {}, {}, 1e-6), g["ln1_y"], 1e-10, 1e-12, "method");
+  expect_close(layer_norm(g["ln3_x"], {5}, g["ln3_w"], g["ln3_b"]), g["ln3_y"], 1e-10, 1e-12,
+               "3-D input, 1-D normalized_shape");
   // Float32 agrees.
   expect_close(layer_norm(x.to(kFloat32), {3, 4}, w.detach().to(kFloat32), b.detach().to(kFloat32))
                    .to(kFloat64),
@@ -324,6 +334,7 @@ BOOST_AUTO_TEST_CASE(embedding_golden_and_grad) {
   y.backward(g["emb_up"]);
   expect_close(w.grad(), g["emb_dw"], 1e-12, 1e-12, "scatter-add");
   expect_close(w.embedding(idx), y, 0, 0, "method");
+  expect_close(embedding(g["emb_w"], g["emb1_idx"]), g["emb1_y"], 0, 0, "1-D indices");
   // Float32 and a 0-d index.
   expect_close(
       embedding(w.detach().to(kFloat32), from_vector(std::vector<int64_t>{4}, {})).to(kFloat64),
