@@ -1,7 +1,10 @@
-// ember::nn: modules, layers, initialisers and safetensors checkpoints.
+// ember::nn: modules, layers, initialisers, safetensors checkpoints and the Annotated
+// Transformer with its copy-task training pieces.
 #pragma once
 
+#include "nn/copy_task.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/serialization.h"
+#include "nn/transformer.h"
