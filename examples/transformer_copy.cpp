@@ -114,6 +114,21 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
   return total_loss / static_cast<double>(total_tokens);
 }
 
+// A flag check with a short message (CLI11's PositiveNumber prints the type's whole range):
+// the value must be a number > 0, or >= 0 with allow_zero.
+CLI::Validator sign_check(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return fmt::format("'{}' is not a number", text);
+        if (allow_zero ? v >= 0 : v > 0) return {};
+        return fmt::format("must be {}, got {}", allow_zero ? "non-negative" : "positive", text);
+      },
+      allow_zero ? "NON-NEGATIVE" : "POSITIVE");
+}
+const CLI::Validator kPositive = sign_check(false), kNonNegative = sign_check(true);
+
 // The model's configuration as safetensors metadata, so --load rebuilds the same model.
 std::map<std::string, std::string> model_metadata(const Config& c) {
   return {{"format", "pt"},
@@ -217,25 +232,22 @@ int main(int argc, char** argv) {
   Config c;
   std::string out = "out/transformer_copy", load, decode;
   CLI::App app{"The Annotated Transformer's copy task: train, decode, draw attention"};
-  app.add_option("--layers", c.layers, "encoder and decoder layers (N)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--d-model", c.d_model, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(CLI::PositiveNumber);
-  app.add_option("--heads", c.heads, "attention heads (h)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", c.layers, "encoder and decoder layers (N)")->check(kPositive);
+  app.add_option("--d-model", c.d_model, "model width")->check(kPositive);
+  app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(kPositive);
+  app.add_option("--heads", c.heads, "attention heads (h)")->check(kPositive);
   app.add_option("--dropout", c.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--batch", c.batch, "sequences per batch")->check(CLI::PositiveNumber);
-  app.add_option("--batches", c.batches, "training batches per epoch")->check(CLI::PositiveNumber);
+  app.add_option("--batch", c.batch, "sequences per batch")->check(kPositive);
+  app.add_option("--batches", c.batches, "training batches per epoch")->check(kPositive);
   app.add_option("--eval-batches", c.eval_batches, "evaluation batches per epoch")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", c.epochs, "epochs")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", c.warmup, "warmup steps of the rate schedule")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "base learning rate (times rate(step))")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  app.add_option("--epochs", c.epochs, "epochs")->check(kNonNegative);
+  app.add_option("--warmup", c.warmup, "warmup steps of the rate schedule")->check(kPositive);
+  app.add_option("--lr", c.lr, "base learning rate (times rate(step))")->check(kPositive);
   app.add_option("--seed", c.seed, "random seed");
   app.add_option("--threads", c.threads, "threads for OpenMP and OpenBLAS (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--log-every", c.log_every, "steps between progress lines")
-      ->check(CLI::PositiveNumber);
+      ->check(kNonNegative);
+  app.add_option("--log-every", c.log_every, "steps between progress lines")->check(kPositive);
   app.add_option("--out", out, "output directory");
   app.add_option("--load", load, "decode with this saved model instead of training")
       ->check(CLI::ExistingFile);
