@@ -3,7 +3,7 @@
 set -euo pipefail
 build=${1:-build}
 ran=0
-for program in nw_regression transformer_copy mlp_regression; do
+for program in nw_regression mlp_regression transformer_copy; do
   if [ -x "$build/examples/$program" ]; then
     echo "=== $program ==="
     "$build/examples/$program" --out "out/$program"

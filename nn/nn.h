@@ -1,8 +1,11 @@
-// ember::nn: modules, layers, D2L attention pooling, initialisers and safetensors checkpoints.
+// ember::nn: modules, layers, initialisers, safetensors checkpoints, D2L attention pooling
+// and the Annotated Transformer with its copy-task training pieces.
 #pragma once
 
+#include "nn/copy_task.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/nw_regression.h"
 #include "nn/serialization.h"
+#include "nn/transformer.h"

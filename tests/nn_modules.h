@@ -1,6 +1,7 @@
 // Small modules shared by the nn and serialization tests, built only from registration and
-// elementwise ops: an Affine layer (parameters w, b and an Int64 buffer) and a Block that nests
-// an Affine, a ModuleList of Affines and its own parameter and buffers.
+// elementwise ops: an Affine layer (parameters w, b and an Int64 buffer), a Block that nests an
+// Affine, a ModuleList of Affines and its own parameter and buffers, and Open (public
+// registration).
 #pragma once
 
 #include "ember.h"
@@ -55,6 +56,13 @@ struct Block : nn::Cloneable<Block> {
     map(first);
     map(layers);
   }
+};
+
+// A module whose registration functions are public, to build modules in tests.
+struct Open : nn::Cloneable<Open> {
+  using Module::register_buffer;
+  using Module::register_module;
+  using Module::register_parameter;
 };
 
 // Every value of a module's state, by name, as doubles (bit-exact for Float32/Float64/Int64/Bool).

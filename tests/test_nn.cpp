@@ -30,13 +30,6 @@ struct Plain : nn::Module {
   Plain() { register_parameter("w", zeros({2})); }
 };
 
-// Registers what the test asks, to reach the protected registration functions.
-struct Open : nn::Cloneable<Open> {
-  using Module::register_buffer;
-  using Module::register_module;
-  using Module::register_parameter;
-};
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(test_nn)
@@ -278,7 +271,6 @@ BOOST_AUTO_TEST_CASE(init_functions) {
 // --- layers
 
 namespace {
-
 // The small MLP of the training tests: two Linear layers and a relu.
 struct MLP : nn::Cloneable<MLP> {
   MLP(int64_t in, int64_t hidden, int64_t out) {

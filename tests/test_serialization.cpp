@@ -16,13 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Reaches the protected registration functions.
-struct Open : nn::Cloneable<Open> {
-  using Module::register_buffer;
-  using Module::register_module;
-  using Module::register_parameter;
-};
-
 // A module holding `tensors` under their dotted names (intermediate modules made on the way);
 // floating tensors become parameters, the rest buffers.
 std::shared_ptr<Open> module_of(const std::vector<std::pair<std::string, Tensor>>& tensors,

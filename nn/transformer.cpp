@@ -1,0 +1,335 @@
+// The Annotated Transformer's modules, make_model, subsequent_mask and greedy_decode. Each
+// forward is the original's, line for line; see nn/transformer.h for shapes and names.
+#include "nn/transformer.h"
+
+#include <cmath>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "nn/init.h"
+#include "ops/elementwise.h"
+#include "ops/index.h"
+#include "ops/linalg.h"
+#include "ops/nn_functional.h"
+#include "ops/reduce.h"
+#include "ops/shape.h"
+
+namespace ember::nn {
+
+// --- attention
+
+AttentionOutput attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                          const Tensor& mask, const Dropout* dropout) {
+  EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+              "attention: query {}, key {} and value {} need at least 2 dims", query.shape(),
+              key.shape(), value.shape());
+  EMBER_CHECK(query.size(-1) == key.size(-1),
+              "attention: query {} and key {} differ in their last dim (d_k)", query.shape(),
+              key.shape());
+  const double d_k = static_cast<double>(query.size(-1));
+  // q (..., Tq, d_k) · kᵀ (..., d_k, Tk): the transposed view is a BLAS flag, not a copy.
+  Tensor scores = matmul(query, key.transpose(-2, -1)) / std::sqrt(d_k);
+  if (mask.defined()) scores = masked_fill(scores, mask.eq(0.0), -1e9);
+  Tensor p_attn = softmax(scores, -1);
+  if (dropout != nullptr) p_attn = dropout->forward(p_attn);
+  return {matmul(p_attn, value), p_attn};
+}
+
+// --- MultiHeadedAttention
+
+MultiHeadedAttention::MultiHeadedAttention(int64_t h, int64_t d_model, double dropout_p)
+    : d_k(h > 0 ? d_model / h : 0), h(h) {
+  EMBER_CHECK(h > 0 && d_model > 0 && d_model % h == 0,
+              "MultiHeadedAttention: d_model {} must be a positive multiple of h {}", d_model, h);
+  linears = register_module("linears", std::make_shared<ModuleList>());
+  for (int i = 0; i < 4; ++i) linears->push_back(std::make_shared<Linear>(d_model, d_model));
+  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+}
+
+Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                     const Tensor& mask) {
+  EMBER_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
+              "MultiHeadedAttention: query {}, key {} and value {} must be (batch, len, d_model)",
+              query.shape(), key.shape(), value.shape());
+  // The same mask applies to every head: (B, 1, Tq or 1, Tk) broadcasts over h.
+  const Tensor head_mask = mask.defined() ? mask.unsqueeze(1) : mask;
+  const int64_t nbatches = query.size(0);
+  // Project and split into heads: (B, T, D) -> (B, T, h, d_k) -> (B, h, T, d_k), all views.
+  const auto project = [&](size_t i, const Tensor& x) {
+    return linears->at<Linear>(i)->forward(x).view({nbatches, -1, h, d_k}).transpose(1, 2);
+  };
+  const Tensor q = project(0, query), k = project(1, key), v = project(2, value);
+  AttentionOutput out = attention(q, k, v, head_mask, dropout.get());
+  attn = out.p_attn.detach();
+  // Merge the heads: (B, h, Tq, d_k) -> (B, Tq, h * d_k), the one copy of the layer.
+  const Tensor x = out.values.transpose(1, 2).contiguous().view({nbatches, -1, h * d_k});
+  return linears->at<Linear>(3)->forward(x);
+}
+
+void MultiHeadedAttention::rebind(const CloneMap& map) {
+  map(linears);
+  map(dropout);
+  attn = Tensor();  // a copy has attended to nothing yet
+}
+
+// --- PositionwiseFeedForward
+
+PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout_p) {
+  w_1 = register_module("w_1", std::make_shared<Linear>(d_model, d_ff));
+  w_2 = register_module("w_2", std::make_shared<Linear>(d_ff, d_model));
+  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+}
+
+Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
+  return w_2->forward(dropout->forward(relu(w_1->forward(x))));
+}
+
+void PositionwiseFeedForward::rebind(const CloneMap& map) {
+  map(w_1);
+  map(w_2);
+  map(dropout);
+}
+
+// --- Embeddings and PositionalEncoding
+
+Embeddings::Embeddings(int64_t d_model, int64_t vocab) : d_model(d_model) {
+  lut = register_module("lut", std::make_shared<Embedding>(vocab, d_model));
+}
+
+Tensor Embeddings::forward(const Tensor& x) const {
+  return lut->forward(x) * std::sqrt(static_cast<double>(d_model));
+}
+
+PositionalEncoding::PositionalEncoding(int64_t d_model, double dropout_p, int64_t max_len) {
+  EMBER_CHECK(d_model > 0 && max_len > 0,
+              "PositionalEncoding: d_model {} and max_len {} must be positive", d_model, max_len);
+  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  // pe (max_len, D), computed in double (the original computes pos * div_term in float32).
+  Tensor table = empty({1, max_len, d_model});
+  float* dpe = table.data<float>();
+  for (int64_t i = 0; i < d_model; i += 2) {
+    const double div_term = std::exp(static_cast<double>(i) * -(std::log(10000.0) / d_model));
+    for (int64_t pos = 0; pos < max_len; ++pos) {
+      const double angle = static_cast<double>(pos) * div_term;
+      dpe[pos * d_model + i] = static_cast<float>(std::sin(angle));
+      if (i + 1 < d_model) dpe[pos * d_model + i + 1] = static_cast<float>(std::cos(angle));
+    }
+  }
+  pe = register_buffer("pe", table);
+}
+
+Tensor PositionalEncoding::forward(const Tensor& x) const {
+  EMBER_CHECK(x.dim() == 3 && x.size(2) == pe.size(2) && x.size(1) <= pe.size(1),
+              "PositionalEncoding: input {} must be (batch, len <= {}, {})", x.shape(), pe.size(1),
+              pe.size(2));
+  return dropout->forward(x + pe.narrow(1, 0, x.size(1)));
+}
+
+// --- SublayerConnection, EncoderLayer, Encoder
+
+SublayerConnection::SublayerConnection(int64_t size, double dropout_p) {
+  norm = register_module("norm", std::make_shared<LayerNorm>(size, 1e-6));
+  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+}
+
+Tensor SublayerConnection::forward(const Tensor& x, const Sublayer& sublayer) const {
+  return x + dropout->forward(sublayer(norm->forward(x)));
+}
+
+namespace {
+
+// n SublayerConnections in a ModuleList (the original's clones(SublayerConnection(...), n)).
+std::shared_ptr<ModuleList> sublayers(int64_t size, double dropout, int n) {
+  auto list = std::make_shared<ModuleList>();
+  for (int i = 0; i < n; ++i) list->push_back(std::make_shared<SublayerConnection>(size, dropout));
+  return list;
+}
+
+template <class M>
+std::shared_ptr<M> checked(std::shared_ptr<M> m, std::string_view who, std::string_view what) {
+  EMBER_CHECK(m != nullptr, "{}: {} is null", who, what);
+  return m;
+}
+
+// N deep copies of layer in a ModuleList (the original's clones).
+std::shared_ptr<ModuleList> clones(const Module& layer, int64_t N, std::string_view who) {
+  EMBER_CHECK(N >= 1, "{}: N must be at least 1, got {}", who, N);
+  auto list = std::make_shared<ModuleList>();
+  for (int64_t i = 0; i < N; ++i) list->push_back(layer.clone());
+  return list;
+}
+
+}  // namespace
+
+EncoderLayer::EncoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn_,
+                           std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
+    : size(size) {
+  self_attn = register_module("self_attn", checked(self_attn_, "EncoderLayer", "self_attn"));
+  feed_forward =
+      register_module("feed_forward", checked(feed_forward_, "EncoderLayer", "feed_forward"));
+  sublayer = register_module("sublayer", sublayers(size, dropout, 2));
+}
+
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) const {
+  const Tensor y = sublayer->at<SublayerConnection>(0)->forward(
+      x, [&](const Tensor& z) { return self_attn->forward(z, z, z, mask); });
+  return sublayer->at<SublayerConnection>(1)->forward(
+      y, [&](const Tensor& z) { return feed_forward->forward(z); });
+}
+
+void EncoderLayer::rebind(const CloneMap& map) {
+  map(self_attn);
+  map(feed_forward);
+  map(sublayer);
+}
+
+Encoder::Encoder(const EncoderLayer& layer, int64_t N) {
+  layers = register_module("layers", clones(layer, N, "Encoder"));
+  norm = register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
+}
+
+Tensor Encoder::forward(const Tensor& x, const Tensor& mask) const {
+  Tensor y = x;
+  for (size_t i = 0; i < layers->size(); ++i) y = layer(i).forward(y, mask);
+  return norm->forward(y);
+}
+
+// --- DecoderLayer, Decoder
+
+DecoderLayer::DecoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn_,
+                           std::shared_ptr<MultiHeadedAttention> src_attn_,
+                           std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
+    : size(size) {
+  self_attn = register_module("self_attn", checked(self_attn_, "DecoderLayer", "self_attn"));
+  src_attn = register_module("src_attn", checked(src_attn_, "DecoderLayer", "src_attn"));
+  feed_forward =
+      register_module("feed_forward", checked(feed_forward_, "DecoderLayer", "feed_forward"));
+  sublayer = register_module("sublayer", sublayers(size, dropout, 3));
+}
+
+Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                             const Tensor& tgt_mask) const {
+  const Tensor& m = memory;
+  Tensor y = sublayer->at<SublayerConnection>(0)->forward(
+      x, [&](const Tensor& z) { return self_attn->forward(z, z, z, tgt_mask); });
+  y = sublayer->at<SublayerConnection>(1)->forward(
+      y, [&](const Tensor& z) { return src_attn->forward(z, m, m, src_mask); });
+  return sublayer->at<SublayerConnection>(2)->forward(
+      y, [&](const Tensor& z) { return feed_forward->forward(z); });
+}
+
+void DecoderLayer::rebind(const CloneMap& map) {
+  map(self_attn);
+  map(src_attn);
+  map(feed_forward);
+  map(sublayer);
+}
+
+Decoder::Decoder(const DecoderLayer& layer, int64_t N) {
+  layers = register_module("layers", clones(layer, N, "Decoder"));
+  norm = register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
+}
+
+Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                        const Tensor& tgt_mask) const {
+  Tensor y = x;
+  for (size_t i = 0; i < layers->size(); ++i) y = layer(i).forward(y, memory, src_mask, tgt_mask);
+  return norm->forward(y);
+}
+
+// --- Generator, EncoderDecoder
+
+Generator::Generator(int64_t d_model, int64_t vocab) {
+  proj = register_module("proj", std::make_shared<Linear>(d_model, vocab));
+}
+
+Tensor Generator::forward(const Tensor& x) const { return log_softmax(proj->forward(x), -1); }
+
+EncoderDecoder::EncoderDecoder(std::shared_ptr<Encoder> encoder_, std::shared_ptr<Decoder> decoder_,
+                               std::shared_ptr<Sequential> src_embed_,
+                               std::shared_ptr<Sequential> tgt_embed_,
+                               std::shared_ptr<Generator> generator_) {
+  const char* who = "EncoderDecoder";
+  encoder = register_module("encoder", checked(encoder_, who, "encoder"));
+  decoder = register_module("decoder", checked(decoder_, who, "decoder"));
+  src_embed = register_module("src_embed", checked(src_embed_, who, "src_embed"));
+  tgt_embed = register_module("tgt_embed", checked(tgt_embed_, who, "tgt_embed"));
+  generator = register_module("generator", checked(generator_, who, "generator"));
+}
+
+Tensor EncoderDecoder::encode(const Tensor& src, const Tensor& src_mask) const {
+  return encoder->forward(src_embed->forward(src), src_mask);
+}
+
+Tensor EncoderDecoder::decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt,
+                              const Tensor& tgt_mask) const {
+  return decoder->forward(tgt_embed->forward(tgt), memory, src_mask, tgt_mask);
+}
+
+Tensor EncoderDecoder::forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
+                               const Tensor& tgt_mask) const {
+  return decode(encode(src, src_mask), src_mask, tgt, tgt_mask);
+}
+
+int64_t EncoderDecoder::d_model() const {
+  const auto embeddings = std::dynamic_pointer_cast<Embeddings>((*src_embed)[0]);
+  EMBER_CHECK(embeddings != nullptr, "EncoderDecoder: src_embed[0] is a {}, not Embeddings",
+              (*src_embed)[0]->type_name());
+  return embeddings->d_model;
+}
+
+void EncoderDecoder::rebind(const CloneMap& map) {
+  map(encoder);
+  map(decoder);
+  map(src_embed);
+  map(tgt_embed);
+  map(generator);
+}
+
+// --- make_model, masks, decoding
+
+std::shared_ptr<EncoderDecoder> make_model(int64_t src_vocab, int64_t tgt_vocab, int64_t N,
+                                           int64_t d_model, int64_t d_ff, int64_t h,
+                                           double dropout) {
+  const auto c = [](const auto& m) {
+    using M = std::decay_t<decltype(*m)>;
+    return std::static_pointer_cast<M>(m->clone());
+  };
+  const auto attn = std::make_shared<MultiHeadedAttention>(h, d_model, dropout);
+  const auto ff = std::make_shared<PositionwiseFeedForward>(d_model, d_ff, dropout);
+  const auto position = std::make_shared<PositionalEncoding>(d_model, dropout);
+  auto model = std::make_shared<EncoderDecoder>(
+      std::make_shared<Encoder>(EncoderLayer(d_model, c(attn), c(ff), dropout), N),
+      std::make_shared<Decoder>(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout), N),
+      std::make_shared<Sequential>(std::make_shared<Embeddings>(d_model, src_vocab), c(position)),
+      std::make_shared<Sequential>(std::make_shared<Embeddings>(d_model, tgt_vocab), c(position)),
+      std::make_shared<Generator>(d_model, tgt_vocab));
+  for (Tensor p : model->parameters())
+    if (p.dim() > 1) init::xavier_uniform_(p);
+  return model;
+}
+
+Tensor subsequent_mask(int64_t size) {
+  EMBER_CHECK(size >= 0, "subsequent_mask: size must be non-negative, got {}", size);
+  return triu(ones({1, size, size}), 1).eq(0.0);
+}
+
+Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src_mask,
+                     int64_t max_len, int64_t start_symbol) {
+  EMBER_CHECK(src.dim() == 2 && src.dtype() == kInt64,
+              "greedy_decode: src must be Int64 (batch, len), got {} of shape {}", src.dtype(),
+              src.shape());
+  EMBER_CHECK(max_len >= 1, "greedy_decode: max_len must be at least 1, got {}", max_len);
+  NoGradGuard no_grad;
+  const Tensor memory = model.encode(src, src_mask);
+  Tensor ys = full({src.size(0), 1}, static_cast<double>(start_symbol), kInt64);
+  for (int64_t i = 0; i < max_len - 1; ++i) {
+    const Tensor out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)));
+    const Tensor prob = model.generator->forward(out.narrow(1, ys.size(1) - 1, 1).squeeze(1));
+    const Tensor next_word = argmax(prob, 1);  // (B)
+    ys = cat({ys, next_word.unsqueeze(1)}, 1);
+  }
+  return ys;
+}
+
+}  // namespace ember::nn

@@ -1,0 +1,256 @@
+// The Annotated Transformer (Rush et al., harvardnlp), module for module and with the original's
+// names, so a PyTorch state dict of it maps one to one onto named_parameters():
+// `encoder.layers.0.self_attn.linears.0.weight`, `src_embed.0.lut.weight`, buffer `src_embed.1.pe`.
+// One documented difference (SPEC.md B.4): LayerNorm is torch.nn.LayerNorm's,
+// (x - mean) / sqrt(biased var + eps), with `weight`/`bias`, where the original divides by
+// (unbiased std + eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
+//
+// Shapes: B batch, S source length, T target length, D d_model, h heads, d_k = D / h, V vocab.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace ember::nn {
+
+// scores = q kᵀ / sqrt(d_k) masked where mask is false (mask == 0 -> -1e9), softmax over the keys,
+// then dropout when given; returns p_attn · v and p_attn. q (..., Tq, d_k), k and v (..., Tk, d_k),
+// mask broadcasting to (..., Tq, Tk).
+struct AttentionOutput {
+  Tensor values, p_attn;
+};
+AttentionOutput attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                          const Tensor& mask = {}, const Dropout* dropout = nullptr);
+
+// h heads of scaled dot-product attention over projections of d_model / h features:
+// linears 0..2 project q, k, v; linears 3 merges the heads. Keeps `attn` (B, h, Tq, Tk), the last
+// attention probabilities (detached), for visualisation.
+class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
+ public:
+  MultiHeadedAttention(int64_t h, int64_t d_model, double dropout = 0.1);
+  // query (B, Tq, D), key and value (B, Tk, D); mask (B or 1, 1 or Tq, Tk) -> (B, Tq, D).
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                 const Tensor& mask = {});
+  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                    const Tensor& mask = {}) {
+    return forward(query, key, value, mask);
+  }
+
+  int64_t d_k, h;
+  std::shared_ptr<ModuleList> linears;  // 4 x Linear(d_model, d_model)
+  std::shared_ptr<Dropout> dropout;
+  Tensor attn;
+
+ protected:
+  void rebind(const CloneMap& map) override;
+};
+
+// w_2(dropout(relu(w_1(x)))): (B, T, D) -> (B, T, D) through d_ff features.
+class PositionwiseFeedForward : public Cloneable<PositionwiseFeedForward> {
+ public:
+  PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.1);
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+  std::shared_ptr<Linear> w_1, w_2;
+  std::shared_ptr<Dropout> dropout;
+
+ protected:
+  void rebind(const CloneMap& map) override;
+};
+
+// lut(x) * sqrt(d_model): Int64 tokens (B, T) -> (B, T, D).
+class Embeddings : public Cloneable<Embeddings> {
+ public:
+  Embeddings(int64_t d_model, int64_t vocab);
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+  std::shared_ptr<Embedding> lut;
+  int64_t d_model;
+
+ protected:
+  void rebind(const CloneMap& map) override { map(lut); }
+};
+
+// dropout(x + pe[:, :T]) with the sinusoidal table, the buffer pe (1, max_len, D):
+//   pe[pos, 2i] = sin(pos / 10000^(2i/D)),  pe[pos, 2i+1] = cos(pos / 10000^(2i/D)).
+class PositionalEncoding : public Cloneable<PositionalEncoding> {
+ public:
+  PositionalEncoding(int64_t d_model, double dropout, int64_t max_len = 5000);
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+  std::shared_ptr<Dropout> dropout;
+  Tensor pe;
+
+ protected:
+  void rebind(const CloneMap& map) override {
+    map(dropout);
+    map(pe);
+  }
+};
+
+using Sublayer = std::function<Tensor(const Tensor&)>;
+
+// The pre-norm residual x + dropout(sublayer(norm(x))), norm = LayerNorm(size, 1e-6).
+class SublayerConnection : public Cloneable<SublayerConnection> {
+ public:
+  SublayerConnection(int64_t size, double dropout);
+  Tensor forward(const Tensor& x, const Sublayer& sublayer) const;
+  Tensor operator()(const Tensor& x, const Sublayer& sublayer) const {
+    return forward(x, sublayer);
+  }
+
+  std::shared_ptr<LayerNorm> norm;
+  std::shared_ptr<Dropout> dropout;
+
+ protected:
+  void rebind(const CloneMap& map) override {
+    map(norm);
+    map(dropout);
+  }
+};
+
+// Self-attention then feed-forward, each in a SublayerConnection.
+class EncoderLayer : public Cloneable<EncoderLayer> {
+ public:
+  EncoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn,
+               std::shared_ptr<PositionwiseFeedForward> feed_forward, double dropout);
+  // x (B, S, D), mask (B, 1, S).
+  Tensor forward(const Tensor& x, const Tensor& mask) const;
+  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
+
+  std::shared_ptr<MultiHeadedAttention> self_attn;
+  std::shared_ptr<PositionwiseFeedForward> feed_forward;
+  std::shared_ptr<ModuleList> sublayer;  // 2 x SublayerConnection
+  int64_t size;
+
+ protected:
+  void rebind(const CloneMap& map) override;
+};
+
+// N clones of a layer and a final LayerNorm(size, 1e-6).
+class Encoder : public Cloneable<Encoder> {
+ public:
+  Encoder(const EncoderLayer& layer, int64_t N);
+  Tensor forward(const Tensor& x, const Tensor& mask) const;
+  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
+  EncoderLayer& layer(size_t i) const { return *layers->at<EncoderLayer>(i); }
+
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<LayerNorm> norm;
+
+ protected:
+  void rebind(const CloneMap& map) override {
+    map(layers);
+    map(norm);
+  }
+};
+
+// Masked self-attention, source attention over the encoder's memory, feed-forward.
+class DecoderLayer : public Cloneable<DecoderLayer> {
+ public:
+  DecoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn,
+               std::shared_ptr<MultiHeadedAttention> src_attn,
+               std::shared_ptr<PositionwiseFeedForward> feed_forward, double dropout);
+  // x (B, T, D), memory (B, S, D), src_mask (B, 1, S), tgt_mask (B or 1, T, T).
+  Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                 const Tensor& tgt_mask) const;
+  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                    const Tensor& tgt_mask) const {
+    return forward(x, memory, src_mask, tgt_mask);
+  }
+
+  int64_t size;
+  std::shared_ptr<MultiHeadedAttention> self_attn, src_attn;
+  std::shared_ptr<PositionwiseFeedForward> feed_forward;
+  std::shared_ptr<ModuleList> sublayer;  // 3 x SublayerConnection
+
+ protected:
+  void rebind(const CloneMap& map) override;
+};
+
+class Decoder : public Cloneable<Decoder> {
+ public:
+  Decoder(const DecoderLayer& layer, int64_t N);
+  Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                 const Tensor& tgt_mask) const;
+  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
+                    const Tensor& tgt_mask) const {
+    return forward(x, memory, src_mask, tgt_mask);
+  }
+  DecoderLayer& layer(size_t i) const { return *layers->at<DecoderLayer>(i); }
+
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<LayerNorm> norm;
+
+ protected:
+  void rebind(const CloneMap& map) override {
+    map(layers);
+    map(norm);
+  }
+};
+
+// log_softmax(proj(x), -1): (B, T, D) -> (B, T, V) log-probabilities.
+class Generator : public Cloneable<Generator> {
+ public:
+  Generator(int64_t d_model, int64_t vocab);
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+
+  std::shared_ptr<Linear> proj;
+
+ protected:
+  void rebind(const CloneMap& map) override { map(proj); }
+};
+
+// The standard encoder-decoder; src_embed and tgt_embed are Sequential(Embeddings,
+// PositionalEncoding).
+class EncoderDecoder : public Cloneable<EncoderDecoder> {
+ public:
+  EncoderDecoder(std::shared_ptr<Encoder> encoder, std::shared_ptr<Decoder> decoder,
+                 std::shared_ptr<Sequential> src_embed, std::shared_ptr<Sequential> tgt_embed,
+                 std::shared_ptr<Generator> generator);
+  // src (B, S) Int64, src_mask (B, 1, S) -> memory (B, S, D).
+  Tensor encode(const Tensor& src, const Tensor& src_mask) const;
+  // tgt (B, T) Int64, tgt_mask (B or 1, T, T) -> (B, T, D).
+  Tensor decode(const Tensor& memory, const Tensor& src_mask, const Tensor& tgt,
+                const Tensor& tgt_mask) const;
+  // The decoder's output (before the generator).
+  Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
+                 const Tensor& tgt_mask) const;
+  Tensor operator()(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
+                    const Tensor& tgt_mask) const {
+    return forward(src, tgt, src_mask, tgt_mask);
+  }
+  // d_model, read from src_embed's Embeddings (the original's model.src_embed[0].d_model).
+  int64_t d_model() const;
+
+  std::shared_ptr<Encoder> encoder;
+  std::shared_ptr<Decoder> decoder;
+  std::shared_ptr<Sequential> src_embed, tgt_embed;
+  std::shared_ptr<Generator> generator;
+
+ protected:
+  void rebind(const CloneMap& map) override;
+};
+
+// The full model, LayerNorm(d_model, 1e-6) everywhere and xavier_uniform_ on every parameter of
+// dim > 1. Unlike the original, whose attention always drops out 0.1, every dropout is `dropout`.
+std::shared_ptr<EncoderDecoder> make_model(int64_t src_vocab, int64_t tgt_vocab, int64_t N = 6,
+                                           int64_t d_model = 512, int64_t d_ff = 2048,
+                                           int64_t h = 8, double dropout = 0.1);
+
+// Bool (1, size, size), true on and below the diagonal: position i may attend to j <= i.
+Tensor subsequent_mask(int64_t size);
+
+// Decodes src (B, S) greedily from start_symbol, without gradients: each step feeds the tokens so
+// far and appends the most likely next one -> Int64 (B, max_len), starting with start_symbol.
+Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src_mask,
+                     int64_t max_len, int64_t start_symbol);
+
+}  // namespace ember::nn
