@@ -92,6 +92,26 @@ BOOST_AUTO_TEST_CASE(shapes_through_every_module) {
   expect_close(p, ones({B, T}), 1e-5, 1e-5, "generator rows");
 }
 
+BOOST_AUTO_TEST_CASE(attention_with_causal_mask_matches_pytorch) {
+  // gen_attention.py: the original's attention() with subsequent_mask, values and gradients.
+  const Golden g("attention.json");
+  Tensor q = g["q"].detach().requires_grad_(), k = g["k"].detach().requires_grad_(),
+         v = g["v"].detach().requires_grad_();
+  const Tensor mask = nn::subsequent_mask(5).unsqueeze(1);
+  BOOST_TEST((mask.to_vector<int64_t>() == g["mask"].to_vector<int64_t>()));
+  const nn::AttentionOutput out = nn::attention(q, k, v, mask);
+  expect_close(out.values, g["out"], 1e-10, 1e-12, "attention values");
+  expect_close(out.p_attn, g["p_attn"], 1e-10, 1e-12, "p_attn");
+  out.values.backward(g["grad_out"]);
+  expect_close(q.grad(), g["grad_q"], 1e-9, 1e-12, "grad q");
+  expect_close(k.grad(), g["grad_k"], 1e-9, 1e-12, "grad k");
+  expect_close(v.grad(), g["grad_v"], 1e-9, 1e-12, "grad v");
+  // Float32 agrees with the Float64 reference.
+  const nn::AttentionOutput out32 =
+      nn::attention(g["q"].to(kFloat32), g["k"].to(kFloat32), g["v"].to(kFloat32), mask);
+  expect_close(out32.values, g["out"], 1e-5, 1e-5, "attention values (Float32)");
+}
+
 BOOST_AUTO_TEST_CASE(attention_masks_keys_and_normalises) {
   manual_seed(1);
   const Tensor q = randn({2, 3, 4, 8}), k = randn({2, 3, 6, 8}), v = randn({2, 3, 6, 8});
