@@ -16,6 +16,17 @@ void manual_seed(uint64_t seed);
 // One uniform double in [0, 1) with 53 random bits.
 double next_uniform(std::mt19937_64& gen);
 
+// 64 random bits that are a pure function of (key, counter): SplitMix64's output for the state
+// key + (counter + 1) * golden gamma. Counter-based streams let a kernel draw element i's bits
+// without drawing 0..i-1 first, so it can split across threads and vectorise and still give
+// the same numbers for one seed on any thread count (dropout draws one key per call).
+inline uint64_t counter_bits(uint64_t key, uint64_t counter) {
+  uint64_t z = key + (counter + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 Tensor rand(Shape shape, DType dtype = kFloat32);   // U[0, 1)
 Tensor randn(Shape shape, DType dtype = kFloat32);  // N(0, 1)
 Tensor normal(double mean, double std, Shape shape, DType dtype = kFloat32);

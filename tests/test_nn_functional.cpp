@@ -299,6 +299,24 @@ BOOST_AUTO_TEST_CASE(dropout_statistics_and_seed) {
   BOOST_TEST((x.dropout(0.3, true).shape() == x.shape()));
 }
 
+BOOST_AUTO_TEST_CASE(dropout_mask_independent_of_threads) {
+  // Counter-based masks: one seed gives one mask on any thread count, odd sizes included,
+  // and both halves of each draw are used (no element is dropped in lockstep with another).
+  const Tensor x = ones({100001});
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  manual_seed(5);
+  const std::vector<float> one = dropout(x, 0.5, true).to_vector<float>();
+  set_num_threads(2);
+  manual_seed(5);
+  const std::vector<float> two = dropout(x, 0.5, true).to_vector<float>();
+  set_num_threads(threads);
+  BOOST_TEST((one == two));
+  int64_t same_as_partner = 0;
+  for (size_t j = 0; j < one.size() / 2; ++j) same_as_partner += one[j] == one[j + one.size() / 2];
+  BOOST_TEST(std::abs(same_as_partner / 50000.0 - 0.5) < 0.02);
+}
+
 BOOST_AUTO_TEST_CASE(dropout_identity_backward_errors) {
   Tensor x = randn({3, 4}, kFloat64).requires_grad_();
   BOOST_TEST(dropout(x, 0.5, false).same(x));
