@@ -5,6 +5,11 @@ Ember median, PyTorch median, ratio Ember/PyTorch (wall time), the same ratio of
 the plain sgemm rate at a comparable size, and each side's peak RSS.
 
     bench/compare.py DIR_OR_JSON...   (every *.json in a directory; files name their side)
+
+Workload 4, the whole copy-task run, comes from the trainers' own metrics.json files in
+subdirectories run-<side>-t<threads>/ of a directory (examples/transformer_copy and
+bench/pytorch/copy_task.py): two rows, the run's total wall time (CPU time and peak RSS of the
+process) and the time inside training steps, and a line with both sides' exact-copy accuracy.
 """
 import glob
 import json
@@ -21,20 +26,43 @@ SGEMM_REF = {
 }
 
 
+RUN_TOTAL = "run/transformer_copy defaults, 20 epochs: whole run"
+RUN_TRAIN = "run/transformer_copy defaults, 20 epochs: training steps"
+
+
+def run_results(path):
+    """The two workload-4 rows of one trainer's metrics.json in run-<side>-t<threads>/."""
+    with open(path) as fh:
+        m = json.load(fh)
+    side, threads = os.path.basename(os.path.dirname(path)).split("-")[1:3]
+    total = dict(name=RUN_TOTAL, median_s=m["total_seconds"], cpu_s=m.get("cpu_seconds"),
+                 max_rss_kb=m.get("max_rss_mb", 0) * 1024, accuracy=m["exact_copy_accuracy"])
+    train = dict(name=RUN_TRAIN, median_s=m["train_seconds"], cpu_s=None,
+                 max_rss_kb=total["max_rss_kb"])
+    return side, int(threads[1:]), [total, train]
+
+
 def load(paths):
     rows = {}  # (name, threads) -> {side: result}
     order = []
+
+    def add(side, threads, results):
+        for r in results:
+            key = (r["name"], threads)
+            if key not in rows:
+                rows[key] = {}
+                order.append(key)
+            rows[key][side] = r
+
     for p in paths:
         files = sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
         for f in files:
             with open(f) as fh:
                 doc = json.load(fh)
-            for r in doc["results"]:
-                key = (r["name"], doc["threads"])
-                if key not in rows:
-                    rows[key] = {}
-                    order.append(key)
-                rows[key][doc["side"]] = r
+            add(doc["side"], doc["threads"], doc["results"])
+        if os.path.isdir(p):
+            for f in sorted(glob.glob(os.path.join(p, "run-*-t*", "metrics.json"))):
+                add(*run_results(f))
     return rows, order
 
 
@@ -85,6 +113,13 @@ def main(argv):
             rss = " / ".join(f"{r['max_rss_kb'] / 1024:.0f}" if r else "-" for r in (e, p))
             print(f"| {name} | {t} | {fmt_time(em)} | {fmt_time(pm)} | {ratio} | {cpu} "
                   f"| {cpu_ratio} | {rate} | {rss} |")
+    for t in threads:
+        sides = rows.get((RUN_TOTAL, t), {})
+        if sides:
+            acc = " / ".join(f"{sides[s]['accuracy']:.3f}" if s in sides else "-"
+                             for s in ("ember", "pytorch"))
+            print(f"\nWhole run at {t} thread(s): exact-copy accuracy over 200 fresh sequences, "
+                  f"Ember / PyTorch: {acc}")
     return 0
 
 

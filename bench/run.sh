@@ -8,6 +8,9 @@
 #   bench/run.sh [BUILD_DIR] [ember_bench selection args, e.g. --filter nw/]
 #   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
 #        BENCH_SKIP_BUILD=1 (use the ember_bench already built)
+#        BENCH_RUN=0|1: workload 4, the whole copy-task run (examples/transformer_copy at its
+#        defaults against bench/pytorch/copy_task.py, ~5-10 min per side and thread count);
+#        on by default when no selection args are given, off otherwise
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -25,7 +28,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
 fi
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
-[ -n "${BENCH_SKIP_BUILD:-}" ] || cmake --build "$BUILD" -j"${JOBS:-2}" --target ember_bench
+[ -n "${BENCH_SKIP_BUILD:-}" ] ||
+  cmake --build "$BUILD" -j"${JOBS:-2}" --target ember_bench transformer_copy
 BIN="$BUILD/bench/ember_bench"
 
 rm -rf "$OUT"
@@ -52,6 +56,14 @@ for threads in ${BENCH_THREADS:-1 2}; do
       --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" --json "$OUT/torch-t$threads-$i.json" |
       sed 's/^/pytorch /'
   done
+  if [ "${BENCH_RUN:-$([ ${#SELECT[@]} -eq 0 ] && echo 1 || echo 0)}" = 1 ]; then
+    echo "ember   workload 4: transformer_copy at its defaults ($threads thread(s))"
+    env "${ENV[@]}" "$BUILD/examples/transformer_copy" --threads "$threads" \
+      --out "$OUT/run-ember-t$threads" | grep -E "^epoch|accuracy|^wrote" | sed 's/^/ember   /'
+    echo "pytorch workload 4: bench/pytorch/copy_task.py ($threads thread(s))"
+    env "${ENV[@]}" "$PY" bench/pytorch/copy_task.py --threads "$threads" \
+      --out "$OUT/run-pytorch-t$threads" | grep -E "^epoch|accuracy" | sed 's/^/pytorch /'
+  fi
 done
 echo
 "$PY" bench/compare.py "$OUT" | tee "$OUT/table.md"

@@ -8,9 +8,12 @@
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -359,7 +362,13 @@ int main(int argc, char** argv) {
       {"train_seconds", state.train_seconds},
       {"train_steps", state.accum_step},
       {"tokens_per_second", state.tokens / std::max(state.train_seconds, 1e-9)},
-      {"total_seconds", total_seconds}};
+      {"total_seconds", total_seconds},
+      {"cpu_seconds", static_cast<double>(std::clock()) / CLOCKS_PER_SEC},  // all threads
+      {"max_rss_mb", [] {
+         rusage usage{};
+         getrusage(RUSAGE_SELF, &usage);
+         return static_cast<double>(usage.ru_maxrss) / 1024;
+       }()}};
   std::ofstream(out + "/metrics.json") << metrics.dump(2) << "\n";
   fmt::print("wrote {}/{{metrics.json, model.safetensors, loss.svg, attn_*.svg}} in {}\n", out,
              format_duration(total_seconds));
