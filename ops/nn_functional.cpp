@@ -238,11 +238,30 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
       row_grain(N));
 }
 
+// Σ a[j] and Σ a[j]·b[j] over n elements: 16 independent lanes in T (a loop GCC vectorises
+// without reassociating one sum), the lanes added in double.
+template <class T>
+std::pair<double, double> sum_and_dot(const T* a, const T* b, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  T sum[kLanes] = {}, dot[kLanes] = {};
+  const int64_t body = n - n % kLanes;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      sum[l] += a[j + l];
+      dot[l] += a[j + l] * b[j + l];
+    }
+  double s = 0, d = 0;
+  for (int64_t l = 0; l < kLanes; ++l) s += sum[l], d += dot[l];
+  for (int64_t j = body; j < n; ++j) s += a[j], d += static_cast<double>(a[j]) * b[j];
+  return {s, d};
+}
+
 // Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
 //   xhat = (x - mean) * rstd,  dxhat = dY * weight
 //   dX = rstd * (dxhat - mean_N(dxhat) - xhat * mean_N(dxhat * xhat))
 //   dW = Σ_M dY * xhat,  dB = Σ_M dY
-// dW and dB are summed per thread in double, then combined.
+// Each row's xhat and dxhat go to a scratch row first, so every loop below is a plain
+// vectorisable one; dW and dB are summed per thread in double, then combined.
 template <class T>
 void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
@@ -250,34 +269,34 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   const bool param_grads = dweight || dbias;
   const int max_threads = parallel ? omp_get_max_threads() : 1;
   std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
+  std::vector<T> unit_weight;
+  if (!weight) unit_weight.assign(N, T(1));
+  const T* w = weight ? weight : unit_weight.data();
   // One call per thread (a branch, not OpenMP's if-clause, which costs microseconds when false).
-  const auto run = [&](int64_t t, int64_t threads) {
+  const auto run = [&, w, N, M, dx](int64_t t, int64_t threads) {
+    std::vector<T> scratch(2 * N);
+    T* xhat = scratch.data();
+    T* dxhat = xhat + N;
     double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
     double* pb = param_grads ? pw + N : nullptr;
     for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
       const T *gr = g + r * N, *xr = x + r * N;
       const T mu = mean[r], rs = rstd[r];
+      for (int64_t j = 0; j < N; ++j) {
+        xhat[j] = (xr[j] - mu) * rs;
+        dxhat[j] = gr[j] * w[j];
+      }
       if (dx) {
-        double a = 0, b = 0;
-#pragma omp simd reduction(+ : a, b)
-        for (int64_t j = 0; j < N; ++j) {
-          const T dxhat = weight ? gr[j] * weight[j] : gr[j];
-          a += dxhat;
-          b += dxhat * ((xr[j] - mu) * rs);
-        }
+        const auto [a, b] = sum_and_dot(dxhat, xhat, N);
         const T mean_dxhat = static_cast<T>(a / N), mean_dxhat_xhat = static_cast<T>(b / N);
         T* dxr = dx + r * N;
-#pragma omp simd
-        for (int64_t j = 0; j < N; ++j) {
-          const T dxhat = weight ? gr[j] * weight[j] : gr[j];
-          dxr[j] = rs * (dxhat - mean_dxhat - (xr[j] - mu) * rs * mean_dxhat_xhat);
-        }
+        for (int64_t j = 0; j < N; ++j)
+          dxr[j] = rs * (dxhat[j] - mean_dxhat - xhat[j] * mean_dxhat_xhat);
       }
-      if (param_grads) {
-#pragma omp simd
+      if (pw) {
         for (int64_t j = 0; j < N; ++j) {
-          pw[j] += static_cast<double>(gr[j]) * ((xr[j] - mu) * rs);
-          pb[j] += gr[j];
+          pw[j] += static_cast<double>(gr[j] * xhat[j]);
+          pb[j] += static_cast<double>(gr[j]);
         }
       }
     }
@@ -290,13 +309,13 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   }
   if (!param_grads) return;
   for (int64_t j = 0; j < N; ++j) {
-    double w = 0, b = 0;
+    double sw = 0, sb = 0;
     for (int t = 0; t < max_threads; ++t) {
-      w += partial[2 * N * t + j];
-      b += partial[2 * N * t + N + j];
+      sw += partial[2 * N * t + j];
+      sb += partial[2 * N * t + N + j];
     }
-    if (dweight) dweight[j] = static_cast<T>(w);
-    if (dbias) dbias[j] = static_cast<T>(b);
+    if (dweight) dweight[j] = static_cast<T>(sw);
+    if (dbias) dbias[j] = static_cast<T>(sb);
   }
 }
 
