@@ -104,10 +104,76 @@ inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
   }
 }
 
+// Rows shorter than kShortRow run pass by pass over blocks of at most kShortRowBlock elements
+// (softmax_short_rows).
+constexpr int64_t kShortRow = 64, kShortRowBlock = 2048;
+
+// The max and the sum (in double) of a short row, in four independent chains: one chain's
+// latency, not the arithmetic, is what a row of a few dozen elements waits on.
+template <class T>
+T short_row_max(const T* x, int64_t n) {
+  T m[4] = {x[0], x[0], x[0], x[0]};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], x[j + l]);
+  for (; j < n; ++j) m[0] = std::max(m[0], x[j]);
+  return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+}
+
+template <class T>
+double short_row_sum(const T* x, int64_t n) {
+  double s[4] = {0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int l = 0; l < 4; ++l) s[l] += x[j + l];
+  for (; j < n; ++j) s[0] += x[j];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// Contiguous rows of n < kShortRow elements (attention over a few positions): the per-row loops
+// of softmax_row would run in their scalar remainders, so a block of rows goes pass by pass
+// instead: each row's max and shift, then the exponentials as one long loop over the block, then
+// each row's sum and scale. Same arithmetic as softmax_row.
+template <bool Log, class T>
+void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
+  const int64_t block_rows = std::max<int64_t>(1, kShortRowBlock / n);
+  parallel_for(
+      rows,
+      [&, n, block_rows](int64_t begin, int64_t end) {
+        T exps[kShortRowBlock + kShortRow];
+        for (int64_t b = begin; b < end; b += block_rows) {
+          const int64_t len = std::min(block_rows, end - b) * n;
+          const T* xb = x + b * n;
+          T* yb = y + b * n;
+          for (int64_t at = 0; at < len; at += n) {
+            const T m = short_row_max(xb + at, n);
+            for (int64_t j = 0; j < n; ++j) yb[at + j] = xb[at + j] - m;
+          }
+          T* e = Log ? exps : yb;
+          for (int64_t i = 0; i < len; ++i) e[i] = vexp(yb[i]);
+          for (int64_t at = 0; at < len; at += n) {
+            const double s = short_row_sum(e + at, n);
+            if constexpr (Log) {
+              const T log_s = static_cast<T>(std::log(s));
+              for (int64_t j = 0; j < n; ++j) yb[at + j] -= log_s;
+            } else {
+              const T inv = static_cast<T>(1.0 / s);
+              for (int64_t j = 0; j < n; ++j) yb[at + j] *= inv;
+            }
+          }
+        }
+      },
+      row_grain(n));
+}
+
 // x and y share a shape; xr and yr are their rows along the softmax dim.
 template <bool Log, class T>
 void softmax_forward(const T* x, const Rows& xr, T* y, const Rows& yr) {
   const int64_t n = xr.n, sx = xr.stride, sy = yr.stride;
+  if (sx == 1 && sy == 1 && xr.starts.empty() && yr.starts.empty() && n < kShortRow) {
+    softmax_short_rows<Log>(x, y, xr.count, n);
+    return;
+  }
   for_each_row(xr, [&](int64_t r) {
     if (sx == 1 && sy == 1)  // the fast path: contiguous rows along the last dim
       softmax_row<Log>(x + xr.start(r), 1, y + yr.start(r), 1, n);

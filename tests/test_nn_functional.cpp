@@ -97,6 +97,21 @@ BOOST_AUTO_TEST_CASE(softmax_extremes_stay_finite) {
   BOOST_TEST(p[0] + p[2] == 1.0, boost::test_tools::tolerance(1e-6));
 }
 
+BOOST_AUTO_TEST_CASE(softmax_short_and_long_rows_agree) {
+  // Contiguous rows shorter than 64 go block by block, longer and strided ones row by row: both
+  // paths (dim -1 of x, dim 0 of its transpose) must give the same values, Float32 and Float64,
+  // with rows spanning several blocks and odd lengths.
+  for (DType dt : {kFloat32, kFloat64})
+    for (int64_t n : {1, 3, 10, 32, 63, 64, 100}) {
+      const Tensor x = randn({301, n}, dt) * 4;
+      const std::string what = fmt::format("{} rows of {}", dt, n);
+      expect_close(softmax(x, -1), softmax(x.transpose(0, 1), 0).transpose(0, 1), 1e-6, 1e-7,
+                   "softmax " + what);
+      expect_close(log_softmax(x, -1), log_softmax(x.transpose(0, 1), 0).transpose(0, 1), 1e-6,
+                   1e-6, "log_softmax " + what);
+    }
+}
+
 BOOST_AUTO_TEST_CASE(softmax_gradcheck) {
   const auto sm = [](int64_t dim) { return [=](const auto& v) { return softmax(v[0], dim); }; };
   const auto lsm = [](int64_t dim) {
