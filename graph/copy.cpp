@@ -51,7 +51,12 @@ void copy_into(const Tensor& dst, const Tensor& src) {
       loop.run([&](const auto& off, int64_t n, const auto& st) {
         D* o = out + off[0];
         const S* s = in + off[1];
-        for (int64_t i = 0; i < n; ++i) o[i * st[0]] = static_cast<D>(s[i * st[1]]);
+        const int64_t so = st[0], si = st[1];  // locals: loops reading them vectorise
+        if (so == 1 && si == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = static_cast<D>(s[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * so] = static_cast<D>(s[i * si]);
+        }
       });
     });
   });

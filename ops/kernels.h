@@ -21,7 +21,10 @@ void unary_into(const Tensor& x, const Tensor& out, F f) {
   }
   StridedLoop<2> loop(out.shape(), {out.strides(), x.strides()});
   loop.run([&](const auto& off, int64_t len, const auto& st) {
-    for (int64_t i = 0; i < len; ++i) po[off[0] + i * st[0]] = f(px[off[1] + i * st[1]]);
+    O* o = po + off[0];
+    const X* x = px + off[1];
+    const int64_t so = st[0], sx = st[1];
+    for (int64_t i = 0; i < len; ++i) o[i * so] = f(x[i * sx]);
   });
 }
 
@@ -52,14 +55,19 @@ void binary_into(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
     O* o = po + off[0];
     const A* x = pa + off[1];
     const B* y = pb + off[2];
-    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+    // Strides and broadcast scalars as locals: GCC 12 vectorises no loop that reads them
+    // through a reference, and a store to `o` could alias a scalar read through a pointer.
+    const int64_t so = st[0], sx = st[1], sy = st[2];
+    if (so == 1 && sx == 1 && sy == 1) {
       for (int64_t i = 0; i < len; ++i) o[i] = f(x[i], y[i]);
-    } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
-      for (int64_t i = 0; i < len; ++i) o[i] = f(x[i], *y);
-    } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
-      for (int64_t i = 0; i < len; ++i) o[i] = f(*x, y[i]);
+    } else if (so == 1 && sx == 1 && sy == 0) {
+      const B yv = *y;
+      for (int64_t i = 0; i < len; ++i) o[i] = f(x[i], yv);
+    } else if (so == 1 && sx == 0 && sy == 1) {
+      const A xv = *x;
+      for (int64_t i = 0; i < len; ++i) o[i] = f(xv, y[i]);
     } else {
-      for (int64_t i = 0; i < len; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+      for (int64_t i = 0; i < len; ++i) o[i * so] = f(x[i * sx], y[i * sy]);
     }
   });
 }
@@ -75,9 +83,16 @@ void ternary_into(const Tensor& a, const Tensor& b, const Tensor& c, const Tenso
                       {out.strides(), broadcast_strides(a, out.shape()),
                        broadcast_strides(b, out.shape()), broadcast_strides(c, out.shape())});
   loop.run([&](const auto& off, int64_t len, const auto& st) {
-    for (int64_t i = 0; i < len; ++i)
-      po[off[0] + i * st[0]] =
-          f(pa[off[1] + i * st[1]], pb[off[2] + i * st[2]], pc[off[3] + i * st[3]]);
+    O* o = po + off[0];
+    const A* x = pa + off[1];
+    const B* y = pb + off[2];
+    const C* z = pc + off[3];
+    const int64_t so = st[0], sx = st[1], sy = st[2], sz = st[3];
+    if (so == 1 && sx == 1 && sy == 1 && sz == 1) {
+      for (int64_t i = 0; i < len; ++i) o[i] = f(x[i], y[i], z[i]);
+    } else {
+      for (int64_t i = 0; i < len; ++i) o[i * so] = f(x[i * sx], y[i * sy], z[i * sz]);
+    }
   });
 }
 

@@ -79,12 +79,15 @@ void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int6
   loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
     Acc* o = out + off[0];
     const T* v = px + off[1];
-    if (st[0] == 0) {
+    const int64_t so = st[0], sv = st[1];  // locals: loops reading them vectorise
+    if (so == 0) {
       Acc acc = 0;
-      for (int64_t i = 0; i < len; ++i) acc += static_cast<Acc>(v[i * st[1]]);
+      for (int64_t i = 0; i < len; ++i) acc += static_cast<Acc>(v[i * sv]);
       *o += acc;
+    } else if (so == 1 && sv == 1) {
+      for (int64_t i = 0; i < len; ++i) o[i] += static_cast<Acc>(v[i]);
     } else {
-      for (int64_t i = 0; i < len; ++i) o[i * st[0]] += static_cast<Acc>(v[i * st[1]]);
+      for (int64_t i = 0; i < len; ++i) o[i * so] += static_cast<Acc>(v[i * sv]);
     }
   });
 }

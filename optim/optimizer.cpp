@@ -84,15 +84,16 @@ void SGD::step() {
     update_in_place(param, [&]<class T>(T* p, const T* g, int64_t n) {
       const T lr = T(lr_), wd = T(o.weight_decay), mu = T(o.momentum);
       const T keep = T(1 - o.dampening);
+      // Scalars by value: GCC 12 vectorises no loop reading a by-reference capture.
       if (o.momentum == 0) {
-        parallel_for(n, [&](int64_t begin, int64_t end) {
+        parallel_for(n, [=](int64_t begin, int64_t end) {
           for (int64_t j = begin; j < end; ++j) p[j] -= lr * (g[j] + wd * p[j]);
         });
         return;
       }
       T* b = momentum_buffers_[i].data<T>();
       const bool nesterov = o.nesterov;
-      parallel_for(n, [&](int64_t begin, int64_t end) {
+      parallel_for(n, [=](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
           const T d = g[j] + wd * p[j];
           b[j] = first ? d : mu * b[j] + keep * d;
@@ -136,7 +137,8 @@ void Adam::step() {
       const T decay = T(o.decoupled_weight_decay ? 1 - lr_ * o.weight_decay : 1);
       const T b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
       const T s = T(step_size), c2 = T(bc2_sqrt);
-      parallel_for(n, [&](int64_t begin, int64_t end) {
+      // Scalars by value: GCC 12 vectorises no loop reading a by-reference capture.
+      parallel_for(n, [=](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) {
           const T gj = g[j] + l2 * p[j];
           p[j] *= decay;
