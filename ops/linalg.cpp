@@ -102,9 +102,38 @@ StridedMatrix<T> strided(const Tensor& x) {
 }
 
 // C (m, n) = alpha · A (m, k) · B (k, n) + beta · C for small matrices, read through any strides.
+// With C's rows contiguous, two layouts get loops that vectorise: A's rows and B's columns
+// contiguous (dot products: the batched row-times-column of attention pooling), and B's rows
+// contiguous (each row of C accumulates scaled rows of B). Anything else runs the plain loop.
 template <class T>
 void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
                 StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  if (c.cs == 1 && a.cs == 1 && b.rs == 1) {
+    for (int64_t i = 0; i < m; ++i) {
+      const T* ai = a.p + i * a.rs;
+      T* ci = c.p + i * c.rs;
+      for (int64_t j = 0; j < n; ++j) {
+        const T* bj = b.p + j * b.cs;
+        T acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t l = 0; l < k; ++l) acc += ai[l] * bj[l];
+        ci[j] = beta == T(0) ? alpha * acc : alpha * acc + beta * ci[j];
+      }
+    }
+    return;
+  }
+  if (c.cs == 1 && b.cs == 1) {
+    for (int64_t i = 0; i < m; ++i) {
+      T* ci = c.p + i * c.rs;
+      for (int64_t j = 0; j < n; ++j) ci[j] = beta == T(0) ? T(0) : beta * ci[j];
+      for (int64_t l = 0; l < k; ++l) {
+        const T ail = alpha * a.p[i * a.rs + l * a.cs];
+        const T* bl = b.p + l * b.rs;
+        for (int64_t j = 0; j < n; ++j) ci[j] += ail * bl[j];
+      }
+    }
+    return;
+  }
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       T acc = 0;
@@ -115,12 +144,20 @@ void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T>
   }
 }
 
+// Whether the plain loop runs a product: tiny ones, and matrix-vector ones (a row or a column
+// out) up to kSmallGemvWork, where a BLAS gemm call costs more than the memory-bound loop.
+constexpr int64_t kSmallGemvWork = 65536;
+bool use_small_gemm(int64_t m, int64_t n, int64_t k) {
+  const int64_t work = m * n * k;
+  return work <= kSmallGemmWork || (std::min(m, n) == 1 && work <= kSmallGemvWork);
+}
+
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
 // A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ.
 template <class T>
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
-  if (m * n * k <= kSmallGemmWork) {
+  if (use_small_gemm(m, n, k)) {
     small_gemm<T>(m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta, strided<T>(c));
     return;
   }
@@ -168,7 +205,7 @@ template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
-  const bool small = work <= kSmallGemmWork;  // the loop reads any strides, BLAS may need copies
+  const bool small = use_small_gemm(m, n, k);  // the loop reads any strides, BLAS needs copies
   const Operand oa = small ? Operand{a, {}} : blas_operand(a);
   const Operand ob = small ? Operand{b, {}} : blas_operand(b);
   const std::vector<int64_t> off_a = batch_offsets(oa.t, batch), off_b = batch_offsets(ob.t, batch);

@@ -327,7 +327,8 @@ std::pair<double, double> sum_and_dot(const T* a, const T* b, int64_t n) {
 //   dX = rstd * (dxhat - mean_N(dxhat) - xhat * mean_N(dxhat * xhat))
 //   dW = Σ_M dY * xhat,  dB = Σ_M dY
 // Each row's xhat and dxhat go to a scratch row first, so every loop below is a plain
-// vectorisable one; dW and dB are summed per thread in double, then combined.
+// vectorisable one; dW and dB are summed per thread (in T over blocks of rows, then in double),
+// then combined.
 template <class T>
 void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
@@ -340,11 +341,26 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   const T* w = weight ? weight : unit_weight.data();
   // One call per thread (a branch, not OpenMP's if-clause, which costs microseconds when false).
   const auto run = [&, w, N, M, dx](int64_t t, int64_t threads) {
-    std::vector<T> scratch(2 * N);
+    // Scratch: xhat and dxhat of the current row, then dW and dB summed in T over a block of
+    // up to kBlockRows rows (cheap, and within kBlockRows roundings), added to the thread's
+    // double partials at the end of each block.
+    constexpr int kBlockRows = 32;
+    std::vector<T> scratch(4 * N, T(0));
     T* xhat = scratch.data();
     T* dxhat = xhat + N;
+    T* block_w = dxhat + N;
+    T* block_b = block_w + N;
     double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
     double* pb = param_grads ? pw + N : nullptr;
+    int rows_in_block = 0;
+    const auto flush = [&] {
+      for (int64_t j = 0; j < N; ++j) {
+        pw[j] += static_cast<double>(block_w[j]);
+        pb[j] += static_cast<double>(block_b[j]);
+        block_w[j] = block_b[j] = T(0);
+      }
+      rows_in_block = 0;
+    };
     for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
       const T *gr = g + r * N, *xr = x + r * N;
       const T mu = mean[r], rs = rstd[r];
@@ -361,11 +377,13 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
       }
       if (pw) {
         for (int64_t j = 0; j < N; ++j) {
-          pw[j] += static_cast<double>(gr[j] * xhat[j]);
-          pb[j] += static_cast<double>(gr[j]);
+          block_w[j] += gr[j] * xhat[j];
+          block_b[j] += gr[j];
         }
+        if (++rows_in_block == kBlockRows) flush();
       }
     }
+    if (pw && rows_in_block > 0) flush();
   };
   if (parallel) {
 #pragma omp parallel num_threads(max_threads)

@@ -282,6 +282,31 @@ BOOST_AUTO_TEST_CASE(matches_reference_on_every_threading_path) {
                1e-4, "Float32 300x200 @ 200x100");
 }
 
+BOOST_AUTO_TEST_CASE(plain_loop_layouts_match_reference) {
+  // The plain loop (tiny products, and matrix-vector ones up to 65536 multiply-adds) has a dot
+  // form (a's rows and b's columns contiguous), a row form (b's rows contiguous) and a general
+  // one; each with alpha and beta, and matrix-vector products on both sides of the BLAS limit.
+  manual_seed(8);
+  const auto check = [](const Tensor& a, const Tensor& b, const std::string& what) {
+    const Tensor c0 = randn({a.size(0), b.size(1)}, kFloat64);
+    Tensor c = c0.clone();
+    gemm(a, b, c, 1.5, -0.5);
+    expect_close(c, reference_matmul(a, b) * 1.5 - c0 * 0.5, 1e-11, 1e-11, what);
+  };
+  for (const auto& [m, k, n] : {std::tuple{3, 7, 5}, std::tuple{1, 999, 1}, std::tuple{1, 300, 200},
+                                std::tuple{200, 300, 1}, std::tuple{1, 400, 200}}) {
+    const std::string size = fmt::format("({}, {}) x ({}, {})", m, k, k, n);
+    const Tensor a = randn({m, k}, kFloat64), at = randn({k, m}, kFloat64).transpose(0, 1);
+    const Tensor b = randn({k, n}, kFloat64), bt = randn({n, k}, kFloat64).transpose(0, 1);
+    check(a, bt, "dot form " + size);
+    check(at, b, "row form " + size);
+    check(at, bt, "general " + size);
+  }
+  // Batched dot products, as attention pooling: (n, 1, k) x (n, k, 1).
+  const Tensor w = randn({50, 1, 49}, kFloat64), v = randn({50, 49, 1}, kFloat64);
+  expect_close(bmm(w, v), reference_matmul(w, v), 1e-12, 1e-12, "batched dots");
+}
+
 BOOST_AUTO_TEST_CASE(mixed_dtypes_promote) {
   manual_seed(5);
   Tensor a = randn({3, 4}, kFloat32).requires_grad_();
