@@ -5,6 +5,8 @@ Ember median, PyTorch median, ratio Ember/PyTorch (wall time), the same ratio of
 the plain sgemm rate at a comparable size, and each side's peak RSS.
 
     bench/compare.py DIR_OR_JSON...   (every *.json in a directory; files name their side)
+    bench/compare.py --runs DIR...    (each directory one run of bench/run.sh: medians over
+                                       the runs, and the ratio of each run in a last column)
 
 Workload 4, the whole copy-task run, comes from the trainers' own metrics.json files in
 subdirectories run-<side>-t<threads>/ of a directory (examples/transformer_copy and
@@ -66,6 +68,42 @@ def load(paths):
     return rows, order
 
 
+def median(values):
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    k = len(v)
+    return v[k // 2] if k % 2 else 0.5 * (v[k // 2 - 1] + v[k // 2])
+
+
+def combine_runs(dirs):
+    """Rows of several runs: per side, the median over runs of the median and CPU time, the
+    largest RSS; and per key the Ember/PyTorch ratio of each run that has both sides."""
+    loaded = [load([d]) for d in dirs]
+    rows, order, per_run = {}, [], {}
+    for run_rows, run_order in loaded:
+        for key in run_order:
+            if key not in rows:
+                rows[key] = {}
+                order.append(key)
+            sides = run_rows[key]
+            for side, r in sides.items():
+                rows[key].setdefault(side, []).append(r)
+            if "ember" in sides and "pytorch" in sides:
+                per_run.setdefault(key, []).append(
+                    sides["ember"]["median_s"] / sides["pytorch"]["median_s"])
+    merged = {}
+    for key, sides in rows.items():
+        merged[key] = {}
+        for side, rs in sides.items():
+            m = dict(rs[0])
+            m["median_s"] = median(r["median_s"] for r in rs)
+            m["cpu_s"] = median(r.get("cpu_s") for r in rs)
+            m["max_rss_kb"] = max(r["max_rss_kb"] for r in rs)
+            merged[key][side] = m
+    return merged, order, per_run
+
+
 def fmt_time(s):
     if s is None:
         return "-"
@@ -83,7 +121,11 @@ def main(argv):
     if len(argv) < 2:
         print(__doc__)
         return 2
-    rows, order = load(argv[1:])
+    per_run = None
+    if argv[1] == "--runs":
+        rows, order, per_run = combine_runs(argv[2:])
+    else:
+        rows, order = load(argv[1:])
     threads = sorted({t for _, t in order})
     names = []
     for n, _ in order:
@@ -91,8 +133,9 @@ def main(argv):
             names.append(n)
     print("| workload | threads | Ember median | PyTorch median | Ember/PyTorch "
           "| CPU/step Ember / PyTorch | CPU ratio "
-          "| GFLOP/s Ember / PyTorch / sgemm | max RSS MB Ember / PyTorch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| GFLOP/s Ember / PyTorch / sgemm | max RSS MB Ember / PyTorch |"
+          + (" ratio of each run |" if per_run is not None else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if per_run is not None else ""))
     for name in names:
         for t in threads:
             sides = rows.get((name, t))
@@ -111,8 +154,11 @@ def main(argv):
                 rate = " / ".join(f"{x:.1f}" if x else "-"
                                   for x in (gflops(e), gflops(p), ref_rate))
             rss = " / ".join(f"{r['max_rss_kb'] / 1024:.0f}" if r else "-" for r in (e, p))
+            runs = ""
+            if per_run is not None:
+                runs = " " + " ".join(f"{x:.2f}" for x in per_run.get((name, t), [])) + " |"
             print(f"| {name} | {t} | {fmt_time(em)} | {fmt_time(pm)} | {ratio} | {cpu} "
-                  f"| {cpu_ratio} | {rate} | {rss} |")
+                  f"| {cpu_ratio} | {rate} | {rss} |{runs}")
     for t in threads:
         sides = rows.get((RUN_TOTAL, t), {})
         if sides:
