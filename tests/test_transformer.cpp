@@ -400,6 +400,43 @@ BOOST_AUTO_TEST_CASE(matches_the_pytorch_original) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(training_steps_match_the_pytorch_original) {
+  // Six steps of the original's training loop in Float64, dropout off (eval mode): forward, the
+  // label-smoothed KL loss per token, backward, Adam (betas 0.9/0.98, eps 1e-9, base lr 0.5) and
+  // LambdaLR on rate(step, 32, 1, warmup 4), over three fixed batches in turn. Each step's loss
+  // and learning rate, and the parameters afterwards, against PyTorch (transformer_train.json).
+  const Golden g("transformer_train.json");
+  auto model = golden_model();
+  model->to(kFloat64);
+  nn::LabelSmoothing criterion(11, 0, 0.1);
+  optim::Adam optimizer(model->parameters(), {.lr = 0.5, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
+  optim::LambdaLR scheduler(optimizer, [](int64_t step) { return optim::rate(step, 32, 1.0, 4); });
+  const std::vector<double> losses = g["losses"].to_vector<double>();
+  const std::vector<double> lrs = g["lrs"].to_vector<double>();
+  for (int step = 0; step < 6; ++step) {
+    const Tensor data = g[fmt::format("batch{}", step % 3)];
+    const nn::Batch batch(data, data, 0);
+    const Tensor log_probs = model->generator->forward(
+        model->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask));
+    const Tensor loss =
+        criterion(log_probs.contiguous().view({-1, 11}), batch.tgt_y.contiguous().view({-1})) /
+        static_cast<double>(batch.ntokens);
+    loss.backward();
+    BOOST_TEST(optimizer.lr() == lrs[step], boost::test_tools::tolerance(1e-12));
+    optimizer.step();
+    optimizer.zero_grad();
+    scheduler.step();
+    BOOST_TEST(loss.item<double>() == losses[step], boost::test_tools::tolerance(1e-9));
+  }
+  int compared = 0;
+  for (const auto& [name, p] : model->named_parameters())
+    if (g.contains("param." + name)) {
+      expect_close(p, g["param." + name], 1e-8, 1e-9, name);
+      ++compared;
+    }
+  BOOST_TEST(compared == 6);
+}
+
 BOOST_AUTO_TEST_CASE(greedy_decode_follows_the_model) {
   auto model = golden_model();
   const Tensor src = padded_tokens(3, 6, 11);

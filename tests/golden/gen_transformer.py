@@ -16,7 +16,7 @@ from golden import HERE, write
 
 # The model code is bench/pytorch/annotated_transformer.py, shared with the benchmarks.
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "pytorch"))
-from annotated_transformer import Batch, LabelSmoothing, make_model  # noqa: E402
+from annotated_transformer import Batch, LabelSmoothing, make_model, rate  # noqa: E402
 
 
 def write_safetensors(path, named):
@@ -43,6 +43,7 @@ def main():
     torch.manual_seed(0)
     V = 11
     model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     # Parameters only: the positional tables are recomputed by Ember (5000 x 32 each).
     write_safetensors(os.path.join(HERE, "transformer_model.safetensors"),
                       list(model.named_parameters()))
@@ -81,6 +82,53 @@ def main():
                  "generator.proj.weight"]:
         values["grad." + name] = params[name].grad
     write("transformer", values)
+    train_steps(initial)
+
+
+def train_steps(initial):
+    """transformer_train.json: six training steps of the golden model in Float64 from its saved
+    weights, dropout off (eval mode: Ember's and torch's random streams differ), the original's
+    optimizer (Adam, betas 0.9/0.98, eps 1e-9, base lr 0.5) and LambdaLR on rate(step, 32, 1,
+    warmup 4) (a short warmup, so that the weights move), label smoothing 0.1, over three fixed
+    padded batches in turn: each step's loss and learning rate, and parameters afterwards."""
+    V = 11
+    model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4)
+    model.load_state_dict(initial)
+    model = model.double()
+    model.eval()
+    criterion = LabelSmoothing(V, padding_idx=0, smoothing=0.1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda=lambda step: rate(step, 32, factor=1.0, warmup=4))
+    batches = [torch.tensor([[1, 5, 2, 9, 3, 7, 4], [1, 8, 8, 6, 10, 0, 0]]),
+               torch.tensor([[1, 3, 4, 2, 0, 0, 0], [1, 9, 9, 9, 1, 2, 3]]),
+               torch.tensor([[1, 10, 7, 5, 3, 2, 6], [1, 4, 0, 0, 0, 0, 0]])]
+    losses, lrs = [], []
+    for step in range(6):
+        data = batches[step % len(batches)]
+        batch = Batch(data, data, pad=0)
+        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
+        log_probs = model.generator(out)
+        loss = criterion(log_probs.contiguous().view(-1, V),
+                         batch.tgt_y.contiguous().view(-1)) / batch.ntokens
+        loss.backward()
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(loss.item())
+    values = {"batch0": batches[0], "batch1": batches[1], "batch2": batches[2],
+              "losses": torch.tensor(losses, dtype=torch.float64),
+              "lrs": torch.tensor(lrs, dtype=torch.float64)}
+    params = dict(model.named_parameters())
+    for name in ["encoder.layers.0.self_attn.linears.0.weight",
+                 "decoder.layers.1.src_attn.linears.3.bias",
+                 "decoder.layers.0.feed_forward.w_1.weight",
+                 "decoder.norm.weight",
+                 "tgt_embed.0.lut.weight",
+                 "generator.proj.bias"]:
+        values["param." + name] = params[name].detach()
+    write("transformer_train", values)
 
 
 if __name__ == "__main__":
