@@ -108,10 +108,17 @@ inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
 // (softmax_short_rows).
 constexpr int64_t kShortRow = 64, kShortRowBlock = 2048;
 
-// The max and the sum (in double) of a short row, in four independent chains: one chain's
-// latency, not the arithmetic, is what a row of a few dozen elements waits on.
+// The max and the sum (in double) of a short row: in SIMD lanes from 16 elements on, below that
+// in four independent chains (one chain's latency, not the arithmetic, is what such a row
+// waits on; a SIMD loop would run in its scalar remainder).
 template <class T>
 T short_row_max(const T* x, int64_t n) {
+  if (n >= 16) {  // a vector or more: SIMD lanes instead of chains
+    T m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+    return m;
+  }
   T m[4] = {x[0], x[0], x[0], x[0]};
   int64_t j = 0;
   for (; j + 4 <= n; j += 4)
@@ -122,6 +129,12 @@ T short_row_max(const T* x, int64_t n) {
 
 template <class T>
 double short_row_sum(const T* x, int64_t n) {
+  if (n >= 16) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; ++j) s += x[j];
+    return s;
+  }
   double s[4] = {0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 4 <= n; j += 4)
