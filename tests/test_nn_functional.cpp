@@ -330,6 +330,16 @@ BOOST_AUTO_TEST_CASE(dropout_mask_independent_of_threads) {
   int64_t same_as_partner = 0;
   for (size_t j = 0; j < one.size() / 2; ++j) same_as_partner += one[j] == one[j + one.size() / 2];
   BOOST_TEST(std::abs(same_as_partner / 50000.0 - 0.5) < 0.02);
+  // No pattern between neighbours, nor between consecutive calls (each keys its own stream):
+  // both dropped as often as p^2 = 0.09 (p = 0.3; 5 binomial s.d. is about 0.005).
+  const Tensor big = ones({200000});
+  const std::vector<float> a = dropout(big, 0.3, true).to_vector<float>();
+  const std::vector<float> b = dropout(big, 0.3, true).to_vector<float>();
+  int64_t both_neighbours = 0, both_calls = 0;
+  for (size_t j = 0; j + 1 < a.size(); ++j) both_neighbours += a[j] == 0 && a[j + 1] == 0;
+  for (size_t j = 0; j < a.size(); ++j) both_calls += a[j] == 0 && b[j] == 0;
+  BOOST_TEST(std::abs(both_neighbours / 200000.0 - 0.09) < 0.005);
+  BOOST_TEST(std::abs(both_calls / 200000.0 - 0.09) < 0.005);
 }
 
 BOOST_AUTO_TEST_CASE(dropout_identity_backward_errors) {
