@@ -161,6 +161,15 @@ std::shared_ptr<ModuleList> clones(const Module& layer, int64_t N, std::string_v
 
 }  // namespace
 
+template <class Derived, class Layer>
+LayerStack<Derived, Layer>::LayerStack(const Layer& layer, int64_t N, std::string_view who) {
+  layers = this->register_module("layers", clones(layer, N, who));
+  norm = this->register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
+}
+
+template class LayerStack<Encoder, EncoderLayer>;
+template class LayerStack<Decoder, DecoderLayer>;
+
 EncoderLayer::EncoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn_,
                            std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
     : size(size) {
@@ -181,11 +190,6 @@ void EncoderLayer::rebind(const CloneMap& map) {
   map(self_attn);
   map(feed_forward);
   map(sublayer);
-}
-
-Encoder::Encoder(const EncoderLayer& layer, int64_t N) {
-  layers = register_module("layers", clones(layer, N, "Encoder"));
-  norm = register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& mask) const {
@@ -223,11 +227,6 @@ void DecoderLayer::rebind(const CloneMap& map) {
   map(src_attn);
   map(feed_forward);
   map(sublayer);
-}
-
-Decoder::Decoder(const DecoderLayer& layer, int64_t N) {
-  layers = register_module("layers", clones(layer, N, "Decoder"));
-  norm = register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
 }
 
 Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,

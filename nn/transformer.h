@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -115,6 +116,24 @@ class SublayerConnection : public Cloneable<SublayerConnection> {
   }
 };
 
+// N clones of a layer and a final LayerNorm(size, 1e-6), the part Encoder and Decoder share
+// (the original's clones(layer, N) and LayerNorm(layer.size)).
+template <class Derived, class Layer>
+class LayerStack : public Cloneable<Derived> {
+ public:
+  Layer& layer(size_t i) const { return *layers->template at<Layer>(i); }
+
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<LayerNorm> norm;
+
+ protected:
+  LayerStack(const Layer& layer, int64_t N, std::string_view who);
+  void rebind(const CloneMap& map) override {
+    map(layers);
+    map(norm);
+  }
+};
+
 // Self-attention then feed-forward, each in a SublayerConnection.
 class EncoderLayer : public Cloneable<EncoderLayer> {
  public:
@@ -133,22 +152,11 @@ class EncoderLayer : public Cloneable<EncoderLayer> {
   void rebind(const CloneMap& map) override;
 };
 
-// N clones of a layer and a final LayerNorm(size, 1e-6).
-class Encoder : public Cloneable<Encoder> {
+class Encoder : public LayerStack<Encoder, EncoderLayer> {
  public:
-  Encoder(const EncoderLayer& layer, int64_t N);
+  Encoder(const EncoderLayer& layer, int64_t N) : LayerStack(layer, N, "Encoder") {}
   Tensor forward(const Tensor& x, const Tensor& mask) const;
   Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
-  EncoderLayer& layer(size_t i) const { return *layers->at<EncoderLayer>(i); }
-
-  std::shared_ptr<ModuleList> layers;
-  std::shared_ptr<LayerNorm> norm;
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(layers);
-    map(norm);
-  }
 };
 
 // Masked self-attention, source attention over the encoder's memory, feed-forward.
@@ -174,24 +182,14 @@ class DecoderLayer : public Cloneable<DecoderLayer> {
   void rebind(const CloneMap& map) override;
 };
 
-class Decoder : public Cloneable<Decoder> {
+class Decoder : public LayerStack<Decoder, DecoderLayer> {
  public:
-  Decoder(const DecoderLayer& layer, int64_t N);
+  Decoder(const DecoderLayer& layer, int64_t N) : LayerStack(layer, N, "Decoder") {}
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
   Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                     const Tensor& tgt_mask) const {
     return forward(x, memory, src_mask, tgt_mask);
-  }
-  DecoderLayer& layer(size_t i) const { return *layers->at<DecoderLayer>(i); }
-
-  std::shared_ptr<ModuleList> layers;
-  std::shared_ptr<LayerNorm> norm;
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(layers);
-    map(norm);
   }
 };
 

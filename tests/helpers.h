@@ -1,9 +1,11 @@
 // Shared test helpers: gradcheck as a Boost check, closeness of tensors, PyTorch golden files,
-// and expecting an ember::Error whose message contains given text.
+// reading a whole file, and expecting an ember::Error whose message contains given text.
 #pragma once
 
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include <boost/test/unit_test.hpp>
@@ -69,6 +71,15 @@ class Golden {
  private:
   nlohmann::json json_;
 };
+
+// The whole of a file, for tests that check what an example or a writer put on disk.
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  BOOST_TEST_REQUIRE(in.good(), "cannot read " << path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 // Runs f, expecting an ember::Error whose message contains every one of `parts`.
 template <class F>

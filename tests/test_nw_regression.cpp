@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "helpers.h"
 #include "xml_check.h"
@@ -19,6 +17,7 @@ using ember::testing::expect_close;
 using ember::testing::expect_error;
 using ember::testing::Golden;
 using ember::testing::leaf;
+using ember::testing::read_text;
 
 namespace {
 
@@ -69,16 +68,6 @@ std::vector<double> train(nn::NWKernelRegression& net, const Data& d, int epochs
 }
 
 double mse(const Tensor& a, const Tensor& b) { return (a - b).pow(2).mean().item<double>(); }
-
-#ifdef EMBER_NW_REGRESSION  // the example's smoke test reads its outputs
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOOST_TEST_REQUIRE(in.good(), "cannot read " << path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-#endif
 
 }  // namespace
 
@@ -281,7 +270,7 @@ BOOST_AUTO_TEST_CASE(example_program_writes_every_file) {
     const std::filesystem::path svg = out / name;
     BOOST_TEST_REQUIRE(std::filesystem::exists(svg), name);
     std::vector<ember::testing::XmlElement> doc;
-    BOOST_REQUIRE_NO_THROW(doc = ember::testing::parse_xml(read_text(svg.string())));
+    BOOST_REQUIRE_NO_THROW(doc = ember::testing::parse_xml(read_text(svg)));
     BOOST_TEST(doc.front().name == "svg", name);
     const bool heatmap = std::string(name).starts_with("attention_");
     bool labelled = false;
@@ -293,7 +282,7 @@ BOOST_AUTO_TEST_CASE(example_program_writes_every_file) {
     if (heatmap) BOOST_TEST(doc.size() > 100u, name << " has few elements");
   }
 
-  const auto metrics = nlohmann::json::parse(read_text((out / "metrics.json").string()));
+  const auto metrics = nlohmann::json::parse(read_text(out / "metrics.json"));
   BOOST_TEST(metrics.at("seed").get<uint64_t>() == 2u);
   BOOST_TEST(metrics.at("n_train").get<int64_t>() == 50);
   const auto losses = metrics.at("loss_per_epoch").get<std::vector<double>>();
@@ -316,7 +305,7 @@ BOOST_AUTO_TEST_CASE(example_program_writes_every_file) {
                             out.string() + "\" > \"" + log + "\" 2>&1";
   const int small_status = std::system(small.c_str());
   BOOST_TEST_REQUIRE(small_status == 0, read_text(log));
-  const auto m2 = nlohmann::json::parse(read_text((out / "metrics.json").string()));
+  const auto m2 = nlohmann::json::parse(read_text(out / "metrics.json"));
   BOOST_TEST(m2.at("seed").get<uint64_t>() == 11u);
   BOOST_TEST(m2.at("n_train").get<int64_t>() == 12);
   BOOST_TEST(m2.at("loss_per_epoch").size() == 2u);

@@ -511,22 +511,18 @@ int run_example(const std::string& args, const std::filesystem::path& dir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 BOOST_AUTO_TEST_CASE(example_trains_saves_and_decodes_a_loaded_model) {
   const auto dir =
       std::filesystem::temp_directory_path() / fmt::format("ember_transformer_copy_{}", ::getpid());
   std::filesystem::create_directories(dir);
   const std::string out = (dir / "out").string();
-  BOOST_TEST_REQUIRE(
+  // The status first: Boost.Test may evaluate the message before the condition.
+  const int trained =
       run_example(fmt::format("--layers 1 --d-model 16 --d-ff 32 --heads 2 --batch 16 "
                               "--batches 4 --epochs 2 --threads 1 --out '{}'",
                               out),
-                  dir) == 0,
-      read_text(dir / "stderr"));
+                  dir);
+  BOOST_TEST_REQUIRE(trained == 0, read_text(dir / "stderr"));
   BOOST_TEST(read_text(dir / "stdout").find("ETA") != std::string::npos);
   for (const char* file :
        {"metrics.json", "model.safetensors", "loss.svg", "attn_encoder_self_layer1.svg",
@@ -542,9 +538,9 @@ BOOST_AUTO_TEST_CASE(example_trains_saves_and_decodes_a_loaded_model) {
 
   // --load/--decode prints what greedy_decode gives for the same weights in this process.
   const std::string model_path = out + "/model.safetensors";
-  BOOST_TEST_REQUIRE(
-      run_example(fmt::format("--load '{}' --decode \"1 5 2 7 7 3\"", model_path), dir) == 0,
-      read_text(dir / "stderr"));
+  const int decoded =
+      run_example(fmt::format("--load '{}' --decode \"1 5 2 7 7 3\"", model_path), dir);
+  BOOST_TEST_REQUIRE(decoded == 0, read_text(dir / "stderr"));
   auto model = nn::make_model(11, 11, 1, 16, 32, 2);
   nn::load(*model, model_path);
   model->eval();

@@ -6,28 +6,19 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "helpers.h"
 #include "xml_check.h"
 
 using namespace ember;
 using ember::testing::expect_error;
+using ember::testing::read_text;
 
 namespace {
 
 using ember::testing::parse_xml;
 using ember::testing::XmlElement;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOOST_TEST_REQUIRE(in.good(), "cannot read " << path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A fresh directory for this test run's files.
 std::string scratch(const std::string& name) {
