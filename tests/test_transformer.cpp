@@ -459,6 +459,26 @@ BOOST_AUTO_TEST_CASE(greedy_decode_follows_the_model) {
                {"greedy_decode", "Float32"});
 }
 
+BOOST_AUTO_TEST_CASE(greedy_decode_matches_the_pytorch_original) {
+  // The original's greedy_decode of the golden model, row by row (gen_transformer.py), in
+  // Float64 so that no near-tie of two tokens' log-probabilities can flip; batched rows too.
+  const Golden g("transformer.json");
+  auto model = golden_model();
+  model->to(kFloat64);
+  const Tensor src = g["src"];
+  const nn::Batch batch(src, Tensor(), 0);
+  const std::vector<int64_t> want = g["greedy"].to_vector<int64_t>();
+  const int64_t B = src.size(0), S = src.size(1);
+  for (int64_t i = 0; i < B; ++i) {
+    const Tensor ys =
+        nn::greedy_decode(*model, src.narrow(0, i, 1), batch.src_mask.narrow(0, i, 1), S, 1);
+    BOOST_TEST((ys.to_vector<int64_t>() ==
+                std::vector<int64_t>(want.begin() + i * S, want.begin() + (i + 1) * S)),
+               "row " << i);
+  }
+  BOOST_TEST((nn::greedy_decode(*model, src, batch.src_mask, S, 1).to_vector<int64_t>() == want));
+}
+
 BOOST_AUTO_TEST_CASE(copy_task_learns_to_copy) {
   // The copy task at a small size (N=1, d_model=32, h=4, d_ff=64), the original's optimizer and
   // schedule with a shorter warmup; seeded, a few seconds.

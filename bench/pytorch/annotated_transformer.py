@@ -1,9 +1,10 @@
 """The Annotated Transformer (Harvard NLP, 2022 version), the parts a training step runs: the model
-(make_model), Batch, LabelSmoothing and SimpleLossCompute, the Noam `rate`. Same structure and
-initialisation (xavier_uniform_ on every matrix) as the original and as Ember's nn/transformer.*
-and nn/copy_task.*, so bench_torch.py times the same computation as ember_bench. As in Ember's
-API, the layer norms are torch.nn.LayerNorm(d_model, eps=1e-6) (the original's a_2/b_2 module
-divides by std + eps instead).
+(make_model), Batch, LabelSmoothing and SimpleLossCompute, the Noam `rate`, and the original's
+greedy_decode (one sequence). Same structure and initialisation (xavier_uniform_ on every
+matrix) as the original and as Ember's nn/transformer.* and nn/copy_task.*, so bench_torch.py
+times the same computation as ember_bench. As in Ember's API, the layer norms are
+torch.nn.LayerNorm(d_model, eps=1e-6) (the original's a_2/b_2 module divides by std + eps
+instead).
 """
 import copy
 import math
@@ -249,6 +250,18 @@ class SimpleLossCompute:
         x = self.generator(x)
         sloss = self.criterion(x.contiguous().view(-1, x.size(-1)), y.contiguous().view(-1)) / norm
         return sloss.data * norm, sloss
+
+
+def greedy_decode(model, src, src_mask, max_len, start_symbol):
+    memory = model.encode(src, src_mask)
+    ys = torch.zeros(1, 1).fill_(start_symbol).type_as(src.data)
+    for i in range(max_len - 1):
+        out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).type_as(src.data))
+        prob = model.generator(out[:, -1])
+        _, next_word = torch.max(prob, dim=1)
+        next_word = next_word.data[0]
+        ys = torch.cat([ys, torch.zeros(1, 1).type_as(src.data).fill_(next_word)], dim=1)
+    return ys
 
 
 def rate(step, model_size, factor, warmup):

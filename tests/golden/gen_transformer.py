@@ -3,8 +3,9 @@ edition, bench/pytorch/annotated_transformer.py), with torch.nn.LayerNorm(eps=1e
 its hand-written LayerNorm (SPEC.md B.4). A seeded model (N=2, d_model=32, d_ff=64, h=4,
 V=11) is saved as transformer_model.safetensors (its parameters, Float32, written by hand), then
 run in Float64 and eval mode on a fixed padded batch: log-probabilities, the label-smoothed KL
-loss per token and some parameter gradients go to transformer.json; the parameter names and
-shapes in PyTorch's order to transformer_names.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
+loss per token, some parameter gradients and the original's greedy decoding of each source row
+go to transformer.json; the parameter names and shapes in PyTorch's order to
+transformer_names.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
 import json
 import os
 import struct
@@ -16,7 +17,8 @@ from golden import HERE, write
 
 # The model code is bench/pytorch/annotated_transformer.py, shared with the benchmarks.
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "pytorch"))
-from annotated_transformer import Batch, LabelSmoothing, make_model, rate  # noqa: E402
+from annotated_transformer import (Batch, LabelSmoothing, greedy_decode,  # noqa: E402
+                                   make_model, rate)
 
 
 def write_safetensors(path, named):
@@ -81,6 +83,11 @@ def main():
                  "tgt_embed.0.lut.weight",
                  "generator.proj.weight"]:
         values["grad." + name] = params[name].grad
+    # The original's greedy_decode (one sequence at a time) of each source row.
+    with torch.no_grad():
+        values["greedy"] = torch.cat([
+            greedy_decode(model, src[i:i + 1], batch.src_mask[i:i + 1], src.size(1), 1)
+            for i in range(src.size(0))])
     write("transformer", values)
     train_steps(initial)
 
