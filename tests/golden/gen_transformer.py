@@ -5,12 +5,14 @@ V=11) is saved as transformer_model.safetensors (its parameters, Float32, writte
 run in Float64 and eval mode on a fixed padded batch: log-probabilities, the label-smoothed KL
 loss per token, some parameter gradients and the original's greedy decoding of each source row
 go to transformer.json; the parameter names and shapes in PyTorch's order to
-transformer_names.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
+transformer_names.json; six training steps, with dropout off and with Ember's dropout masks, to
+transformer_train.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
 import json
 import os
 import struct
 import sys
 
+import numpy as np
 import torch
 
 from golden import HERE, write
@@ -92,6 +94,18 @@ def main():
     train_steps(initial)
 
 
+# The training steps' three padded batches, taken in turn, and the parameters compared after them.
+TRAIN_BATCHES = [torch.tensor([[1, 5, 2, 9, 3, 7, 4], [1, 8, 8, 6, 10, 0, 0]]),
+                 torch.tensor([[1, 3, 4, 2, 0, 0, 0], [1, 9, 9, 9, 1, 2, 3]]),
+                 torch.tensor([[1, 10, 7, 5, 3, 2, 6], [1, 4, 0, 0, 0, 0, 0]])]
+TRAIN_PARAMS = ["encoder.layers.0.self_attn.linears.0.weight",
+                "decoder.layers.1.src_attn.linears.3.bias",
+                "decoder.layers.0.feed_forward.w_1.weight",
+                "decoder.norm.weight",
+                "tgt_embed.0.lut.weight",
+                "generator.proj.bias"]
+
+
 def train_steps(initial):
     """transformer_train.json: six training steps of the golden model in Float64 from its saved
     weights, dropout off (eval mode: Ember's and torch's random streams differ), the original's
@@ -107,12 +121,9 @@ def train_steps(initial):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda=lambda step: rate(step, 32, factor=1.0, warmup=4))
-    batches = [torch.tensor([[1, 5, 2, 9, 3, 7, 4], [1, 8, 8, 6, 10, 0, 0]]),
-               torch.tensor([[1, 3, 4, 2, 0, 0, 0], [1, 9, 9, 9, 1, 2, 3]]),
-               torch.tensor([[1, 10, 7, 5, 3, 2, 6], [1, 4, 0, 0, 0, 0, 0]])]
     losses, lrs = [], []
     for step in range(6):
-        data = batches[step % len(batches)]
+        data = TRAIN_BATCHES[step % len(TRAIN_BATCHES)]
         batch = Batch(data, data, pad=0)
         out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)
         log_probs = model.generator(out)
@@ -124,18 +135,123 @@ def train_steps(initial):
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         losses.append(loss.item())
-    values = {"batch0": batches[0], "batch1": batches[1], "batch2": batches[2],
+    values = {"batch0": TRAIN_BATCHES[0], "batch1": TRAIN_BATCHES[1], "batch2": TRAIN_BATCHES[2],
               "losses": torch.tensor(losses, dtype=torch.float64),
               "lrs": torch.tensor(lrs, dtype=torch.float64)}
     params = dict(model.named_parameters())
-    for name in ["encoder.layers.0.self_attn.linears.0.weight",
-                 "decoder.layers.1.src_attn.linears.3.bias",
-                 "decoder.layers.0.feed_forward.w_1.weight",
-                 "decoder.norm.weight",
-                 "tgt_embed.0.lut.weight",
-                 "generator.proj.bias"]:
+    for name in TRAIN_PARAMS:
         values["param." + name] = params[name].detach()
+    values.update(train_steps_with_dropout(initial))
     write("transformer_train", values)
+
+
+class EmberGenerator:
+    """std::mt19937_64 (C++11), Ember's global generator: manual_seed(s) then one call per
+    dropout gives the keys Ember's dropouts draw."""
+    M64 = (1 << 64) - 1
+
+    def __init__(self, seed):
+        self.state = [seed & self.M64]
+        for i in range(1, 312):
+            prev = self.state[-1]
+            self.state.append((6364136223846793005 * (prev ^ (prev >> 62)) + i) & self.M64)
+        self.index = 312
+
+    def __call__(self):
+        if self.index == 312:
+            s = self.state
+            for k in range(312):
+                x = (s[k] & 0xFFFFFFFF80000000) | (s[(k + 1) % 312] & 0x7FFFFFFF)
+                s[k] = s[(k + 156) % 312] ^ (x >> 1) ^ (0xB5026F5AA96619E9 if x & 1 else 0)
+            self.index = 0
+        y = self.state[self.index]
+        self.index += 1
+        y ^= (y >> 29) & 0x5555555555555555
+        y ^= (y << 17) & 0x71D67FFFEDA60000
+        y ^= (y << 37) & 0xFFF7EEE000000000
+        return (y ^ (y >> 43)) & self.M64
+
+
+def counter_bits(key, counters):
+    """graph/random.h's counter_bits: SplitMix64 of the state key + (counter + 1) * gamma."""
+    u = np.uint64
+    with np.errstate(over="ignore"):
+        z = u(key) + (counters + u(1)) * u(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
+    return z ^ (z >> u(31))
+
+
+class EmberDropout(torch.nn.Module):
+    """Ember's dropout masks (ops/nn_functional.cpp, Note [Dropout masks]) in the original's
+    model: the key is the generator's next draw; pair j's bits keep element j by their low half
+    and element j + n/2 by their high half when the half is at least p * 2^32."""
+
+    def __init__(self, p, generator):
+        super().__init__()
+        self.p, self.generator = p, generator
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        n, key = x.numel(), self.generator()
+        threshold = int(self.p * 2**32)
+        half = n // 2
+        bits = counter_bits(key, np.arange(half + n % 2, dtype=np.uint64))
+        keep = np.concatenate([(bits[:half] & 0xFFFFFFFF) >= threshold,
+                               (bits[:half] >> np.uint64(32)) >= threshold,
+                               (bits[half:] & 0xFFFFFFFF) >= threshold])
+        keep = torch.from_numpy(keep).view(x.shape)
+        return torch.where(keep, x * (1.0 / (1.0 - self.p)), torch.zeros((), dtype=x.dtype))
+
+
+def train_steps_with_dropout(initial, seed=7):
+    """The six steps of train_steps in training mode, every dropout (p = 0.1) drawing Ember's
+    mask: Ember's test seeds its generator with `seed` before the first step and must then agree
+    to rounding, which pins where the original applies dropout and how it scales."""
+    assert _mt19937_64_check()
+    V = 11
+    model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4)
+    model.load_state_dict(initial)
+    model = model.double()
+    generator = EmberGenerator(seed)
+    replaced = 0
+    for module in list(model.modules()):
+        if isinstance(getattr(module, "dropout", None), torch.nn.Dropout):
+            module.dropout = EmberDropout(module.dropout.p, generator)
+            replaced += 1
+    assert replaced == 22, replaced
+    model.train()
+    criterion = LabelSmoothing(V, padding_idx=0, smoothing=0.1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda=lambda step: rate(step, 32, factor=1.0, warmup=4))
+    losses = []
+    for step in range(6):
+        data = TRAIN_BATCHES[step % len(TRAIN_BATCHES)]
+        batch = Batch(data, data, pad=0)
+        log_probs = model.generator(model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask))
+        loss = criterion(log_probs.contiguous().view(-1, V),
+                         batch.tgt_y.contiguous().view(-1)) / batch.ntokens
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(loss.item())
+    values = {"dropout.seed": torch.tensor(seed),
+              "dropout.losses": torch.tensor(losses, dtype=torch.float64)}
+    params = dict(model.named_parameters())
+    for name in TRAIN_PARAMS:
+        values["dropout.param." + name] = params[name].detach()
+    return values
+
+
+def _mt19937_64_check():
+    """The C++ standard's check of std::mt19937_64: the 10000th draw from the default seed."""
+    g = EmberGenerator(5489)
+    for _ in range(9999):
+        g()
+    return g() == 9981545732273789042
 
 
 if __name__ == "__main__":
