@@ -41,8 +41,11 @@ MultiHeadedAttention::MultiHeadedAttention(int64_t h, int64_t d_model, double dr
     : d_k(h > 0 ? d_model / h : 0), h(h) {
   EMBER_CHECK(h > 0 && d_model > 0 && d_model % h == 0,
               "MultiHeadedAttention: d_model {} must be a positive multiple of h {}", d_model, h);
+  // The original's clones(nn.Linear(d_model, d_model), 4): deep copies of one Linear, so the
+  // four projections start from the same bias (make_model re-draws every weight).
+  const Linear projection(d_model, d_model);
   linears = register_module("linears", std::make_shared<ModuleList>());
-  for (int i = 0; i < 4; ++i) linears->push_back(std::make_shared<Linear>(d_model, d_model));
+  for (int i = 0; i < 4; ++i) linears->push_back(projection.clone());
   dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
 }
 

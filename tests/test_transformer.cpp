@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "helpers.h"
 
@@ -236,6 +237,35 @@ BOOST_AUTO_TEST_CASE(make_model_names_and_count) {
   BOOST_TEST(w.abs().max().item<double>() > 0.9 * std::sqrt(6.0 / (512 + 2048)));
   expect_close(model->encoder->norm->weight, ones({512}), 0, 0, "norm weight");
   BOOST_TEST(model->encoder->norm->eps == 1e-6);
+}
+
+// The original deep-copies one MultiHeadedAttention (itself four copies of one Linear) and one
+// PositionwiseFeedForward into every layer, then re-draws only the matrices: the parameters its
+// make_model leaves equal (the golden groups) start equal in Ember's too, and no others do.
+BOOST_AUTO_TEST_CASE(make_model_starts_equal_where_the_original_does) {
+  manual_seed(3);
+  auto model = nn::make_model(11, 11, 2, 32, 64, 4);
+  std::ifstream in(golden_path("transformer_names.json"));
+  const auto groups =
+      nlohmann::json::parse(in).at("equal_at_init").get<std::vector<std::vector<std::string>>>();
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, p] : model->named_parameters()) params.emplace(name, p);
+  std::map<std::string, size_t> group_of;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const std::string& name : groups[g]) {
+      BOOST_TEST_REQUIRE(params.count(name) == 1, name);
+      group_of[name] = g;
+      expect_close(params.at(name), params.at(groups[g][0]), 0, 0, name);
+    }
+  }
+  BOOST_TEST(groups.size() == 5);  // attention biases, w_1 and w_2 biases, norm weights and biases
+  for (const auto& [a, pa] : params) {
+    for (const auto& [b, pb] : params) {
+      if (a >= b || pa.shape() != pb.shape()) continue;
+      if (group_of.count(a) && group_of.count(b) && group_of[a] == group_of[b]) continue;
+      BOOST_TEST((pa - pb).abs().max().item<double>() > 0, a << " and " << b << " start equal");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(positional_table_matches_pytorch) {

@@ -4,8 +4,8 @@ its hand-written LayerNorm (SPEC.md B.4). A seeded model (N=2, d_model=32, d_ff=
 V=11) is saved as transformer_model.safetensors (its parameters, Float32, written by hand), then
 run in Float64 and eval mode on a fixed padded batch: log-probabilities, the label-smoothed KL
 loss per token, some parameter gradients and the original's greedy decoding of each source row
-go to transformer.json; the parameter names and shapes in PyTorch's order to
-transformer_names.json; six training steps, with dropout off and with Ember's dropout masks, to
+go to transformer.json; the parameter names and shapes in PyTorch's order, and the groups of
+parameters equal at initialisation, to transformer_names.json; six training steps, with dropout off and with Ember's dropout masks, to
 transformer_train.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
 import json
 import os
@@ -54,6 +54,12 @@ def main():
     names = {"names": [n for n, _ in model.named_parameters()],
              "shapes": [list(p.shape) for _, p in model.named_parameters()],
              "buffers": [n for n, _ in model.named_buffers()]}
+    # The parameters that the original's deep copies (clones, make_model's copy.deepcopy) leave
+    # equal at initialisation, as groups of names: make_model re-draws only the matrices.
+    groups = {}
+    for n, p in model.named_parameters():
+        groups.setdefault(p.detach().numpy().tobytes(), []).append(n)
+    names["equal_at_init"] = [g for g in groups.values() if len(g) > 1]
     with open(os.path.join(HERE, "transformer_names.json"), "w") as f:
         json.dump(names, f, indent=0)
         f.write("\n")
