@@ -1,7 +1,7 @@
 // Tensor: a cheap handle (shared_ptr<TensorImpl>) over a strided view of a shared Storage.
 // Copies of a Tensor alias the same data; views share storage and change only shape/strides.
-// Every free op that takes a Tensor first is also a method here; the methods are one-line
-// forwards defined beside their op in ops/<family>.cpp.
+// The ops that are also methods (x.exp()) come from one list, graph/tensor_ops.def, which
+// declares both the free function and the method; ops/tensor_methods.cpp defines the methods.
 #pragma once
 
 #include <atomic>
@@ -123,91 +123,21 @@ class Tensor {
   Tensor& masked_fill_(const Tensor& mask, double value);
   Tensor& copy_(const Tensor& src);
 
-  // --- elementwise (ops/elementwise.cpp)
-  Tensor add(const Tensor& other) const;
-  Tensor sub(const Tensor& other) const;
-  Tensor mul(const Tensor& other) const;
-  Tensor div(const Tensor& other) const;
-  Tensor neg() const;
-  Tensor pow(double exponent) const;
-  Tensor exp() const;
-  Tensor log() const;
-  Tensor sqrt() const;
-  Tensor sin() const;
-  Tensor cos() const;
-  Tensor tanh() const;
-  Tensor sigmoid() const;
-  Tensor relu() const;
-  Tensor abs() const;
-  Tensor eq(const Tensor& other) const;
-  Tensor ne(const Tensor& other) const;
-  Tensor lt(const Tensor& other) const;
-  Tensor le(const Tensor& other) const;
-  Tensor gt(const Tensor& other) const;
-  Tensor ge(const Tensor& other) const;
-  Tensor eq(double other) const;
-  Tensor ne(double other) const;
-  Tensor lt(double other) const;
-  Tensor le(double other) const;
-  Tensor gt(double other) const;
-  Tensor ge(double other) const;
-  Tensor logical_not() const;
-  Tensor logical_and(const Tensor& other) const;
-  Tensor logical_or(const Tensor& other) const;
-  Tensor masked_fill(const Tensor& mask, double value) const;
-
-  // --- reductions (ops/reduce.cpp)
-  Tensor sum() const;
-  Tensor sum(std::vector<int64_t> dims, bool keepdim = false) const;
-  Tensor mean() const;
-  Tensor mean(std::vector<int64_t> dims, bool keepdim = false) const;
-  Tensor var(std::vector<int64_t> dims, bool unbiased = true, bool keepdim = false) const;
-  MaxResult max(int64_t dim, bool keepdim = false) const;
-  Tensor max() const;
-  Tensor argmax(int64_t dim, bool keepdim = false) const;
-
-  // --- linear algebra (ops/linalg.cpp)
-  Tensor matmul(const Tensor& other) const;
-  Tensor bmm(const Tensor& other) const;
-
-  // --- shape (ops/shape.cpp)
-  Tensor reshape(Shape shape) const;
-  Tensor view(Shape shape) const;
-  Tensor flatten(int64_t start = 0, int64_t end = -1) const;
-  Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor permute(std::vector<int64_t> dims) const;
-  Tensor unsqueeze(int64_t d) const;
-  Tensor squeeze(int64_t d) const;
-  Tensor expand(Shape shape) const;
-  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
-  Tensor repeat(std::vector<int64_t> repeats) const;
-  Tensor repeat_interleave(int64_t repeats) const;
-  Tensor repeat_interleave(int64_t repeats, int64_t dim) const;
-
-  // --- indexing (ops/index.cpp)
-  Tensor index_select(int64_t dim, const Tensor& index) const;
-  Tensor masked_select(const Tensor& mask) const;
-  Tensor triu(int64_t diagonal = 0) const;
-  Tensor tril(int64_t diagonal = 0) const;
-  SortResult sort(int64_t dim = -1, bool descending = false) const;
-
-  // --- neural-network functions and losses (ops/nn_functional.cpp, ops/loss.cpp)
-  Tensor softmax(int64_t dim) const;
-  Tensor log_softmax(int64_t dim) const;
-  Tensor layer_norm(Shape normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
-                    double eps = 1e-5) const;
-  Tensor dropout(double p, bool training) const;
-  Tensor embedding(const Tensor& indices) const;
-  Tensor mse_loss(const Tensor& target, Reduction reduction = Reduction::Mean) const;
-  Tensor nll_loss(const Tensor& target, Reduction reduction = Reduction::Mean,
-                  int64_t ignore_index = -100) const;
-  Tensor cross_entropy(const Tensor& target, Reduction reduction = Reduction::Mean,
-                       int64_t ignore_index = -100, double label_smoothing = 0.0) const;
-  Tensor kl_div(const Tensor& target, Reduction reduction = Reduction::Mean) const;
+  // --- the ops that are also methods: x.exp(), x.sum({0}, true), … (graph/tensor_ops.def)
+#define EMBER_DEFAULT(...) = __VA_ARGS__
+#define EMBER_OP(R, name, args, ...) R name(__VA_ARGS__) const;
+#include "graph/tensor_ops.def"
+#undef EMBER_OP
 
  private:
   std::shared_ptr<TensorImpl> impl_;
 };
+
+// The free functions of the rows of graph/tensor_ops.def: ember::exp(x), ember::sum(x, {0}).
+#define EMBER_OP(R, name, args, ...) R name(const Tensor& self __VA_OPT__(, ) __VA_ARGS__);
+#include "graph/tensor_ops.def"
+#undef EMBER_OP
+#undef EMBER_DEFAULT
 
 // A new contiguous tensor of `shape` with uninitialised contents.
 Tensor empty(const Shape& shape, DType dtype = kFloat32);

@@ -641,38 +641,5 @@ Tensor operator!(const Tensor& mask) { return logical_not(mask); }
 Tensor operator&(const Tensor& a, const Tensor& b) { return logical_and(a, b); }
 Tensor operator|(const Tensor& a, const Tensor& b) { return logical_or(a, b); }
 
-Tensor Tensor::add(const Tensor& o) const { return ember::add(*this, o); }
-Tensor Tensor::sub(const Tensor& o) const { return ember::sub(*this, o); }
-Tensor Tensor::mul(const Tensor& o) const { return ember::mul(*this, o); }
-Tensor Tensor::div(const Tensor& o) const { return ember::div(*this, o); }
-Tensor Tensor::neg() const { return ember::neg(*this); }
-Tensor Tensor::pow(double e) const { return ember::pow(*this, e); }
-Tensor Tensor::exp() const { return ember::exp(*this); }
-Tensor Tensor::log() const { return ember::log(*this); }
-Tensor Tensor::sqrt() const { return ember::sqrt(*this); }
-Tensor Tensor::sin() const { return ember::sin(*this); }
-Tensor Tensor::cos() const { return ember::cos(*this); }
-Tensor Tensor::tanh() const { return ember::tanh(*this); }
-Tensor Tensor::sigmoid() const { return ember::sigmoid(*this); }
-Tensor Tensor::relu() const { return ember::relu(*this); }
-Tensor Tensor::abs() const { return ember::abs(*this); }
-Tensor Tensor::eq(const Tensor& o) const { return ember::eq(*this, o); }
-Tensor Tensor::ne(const Tensor& o) const { return ember::ne(*this, o); }
-Tensor Tensor::lt(const Tensor& o) const { return ember::lt(*this, o); }
-Tensor Tensor::le(const Tensor& o) const { return ember::le(*this, o); }
-Tensor Tensor::gt(const Tensor& o) const { return ember::gt(*this, o); }
-Tensor Tensor::ge(const Tensor& o) const { return ember::ge(*this, o); }
-Tensor Tensor::eq(double o) const { return ember::eq(*this, o); }
-Tensor Tensor::ne(double o) const { return ember::ne(*this, o); }
-Tensor Tensor::lt(double o) const { return ember::lt(*this, o); }
-Tensor Tensor::le(double o) const { return ember::le(*this, o); }
-Tensor Tensor::gt(double o) const { return ember::gt(*this, o); }
-Tensor Tensor::ge(double o) const { return ember::ge(*this, o); }
-Tensor Tensor::logical_not() const { return ember::logical_not(*this); }
-Tensor Tensor::logical_and(const Tensor& o) const { return ember::logical_and(*this, o); }
-Tensor Tensor::logical_or(const Tensor& o) const { return ember::logical_or(*this, o); }
-Tensor Tensor::masked_fill(const Tensor& m, double v) const {
-  return ember::masked_fill(*this, m, v);
-}
 
 }  // namespace ember

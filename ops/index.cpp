@@ -577,19 +577,5 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
 
 // --- methods
 
-Tensor Tensor::repeat(std::vector<int64_t> r) const { return ember::repeat(*this, std::move(r)); }
-Tensor Tensor::repeat_interleave(int64_t r) const { return ember::repeat_interleave(*this, r); }
-Tensor Tensor::repeat_interleave(int64_t r, int64_t d) const {
-  return ember::repeat_interleave(*this, r, d);
-}
-Tensor Tensor::index_select(int64_t d, const Tensor& i) const {
-  return ember::index_select(*this, d, i);
-}
-Tensor Tensor::masked_select(const Tensor& m) const { return ember::masked_select(*this, m); }
-Tensor Tensor::triu(int64_t diagonal) const { return ember::triu(*this, diagonal); }
-Tensor Tensor::tril(int64_t diagonal) const { return ember::tril(*this, diagonal); }
-SortResult Tensor::sort(int64_t d, bool descending) const {
-  return ember::sort(*this, d, descending);
-}
 
 }  // namespace ember

@@ -510,7 +510,5 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, doubl
   });
 }
 
-Tensor Tensor::matmul(const Tensor& other) const { return ember::matmul(*this, other); }
-Tensor Tensor::bmm(const Tensor& other) const { return ember::bmm(*this, other); }
 
 }  // namespace ember

@@ -6,11 +6,8 @@
 
 namespace ember {
 
-// torch.matmul: 1-D·1-D is a dot product, 2-D·2-D a matrix product, 1-D operands gain and
-// then lose a unit dim, and leading (batch) dims broadcast.
-Tensor matmul(const Tensor& a, const Tensor& b);
-// (n, p, q) x (n, q, r) -> (n, p, r), no broadcasting.
-Tensor bmm(const Tensor& a, const Tensor& b);
+// The ops of this family that are also Tensor methods are declared in graph/tensor_ops.def.
+
 // x @ weight^T + bias for x (..., in), weight (out, in), bias (out) or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 

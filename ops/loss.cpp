@@ -371,18 +371,5 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   return out;
 }
 
-Tensor Tensor::mse_loss(const Tensor& target, Reduction reduction) const {
-  return ember::mse_loss(*this, target, reduction);
-}
-Tensor Tensor::nll_loss(const Tensor& target, Reduction reduction, int64_t ignore_index) const {
-  return ember::nll_loss(*this, target, reduction, ignore_index);
-}
-Tensor Tensor::cross_entropy(const Tensor& target, Reduction reduction, int64_t ignore_index,
-                             double label_smoothing) const {
-  return ember::cross_entropy(*this, target, reduction, ignore_index, label_smoothing);
-}
-Tensor Tensor::kl_div(const Tensor& target, Reduction reduction) const {
-  return ember::kl_div(*this, target, reduction);
-}
 
 }  // namespace ember

@@ -655,13 +655,5 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return out;
 }
 
-Tensor Tensor::softmax(int64_t dim) const { return ember::softmax(*this, dim); }
-Tensor Tensor::log_softmax(int64_t dim) const { return ember::log_softmax(*this, dim); }
-Tensor Tensor::layer_norm(Shape normalized_shape, const Tensor& weight, const Tensor& bias,
-                          double eps) const {
-  return ember::layer_norm(*this, std::move(normalized_shape), weight, bias, eps);
-}
-Tensor Tensor::dropout(double p, bool training) const { return ember::dropout(*this, p, training); }
-Tensor Tensor::embedding(const Tensor& indices) const { return ember::embedding(*this, indices); }
 
 }  // namespace ember

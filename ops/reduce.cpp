@@ -324,21 +324,5 @@ Tensor max(const Tensor& x) {
   return out;
 }
 
-Tensor Tensor::sum() const { return ember::sum(*this); }
-Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const {
-  return ember::sum(*this, std::move(dims), keepdim);
-}
-Tensor Tensor::mean() const { return ember::mean(*this); }
-Tensor Tensor::mean(std::vector<int64_t> dims, bool keepdim) const {
-  return ember::mean(*this, std::move(dims), keepdim);
-}
-Tensor Tensor::var(std::vector<int64_t> dims, bool unbiased, bool keepdim) const {
-  return ember::var(*this, std::move(dims), unbiased, keepdim);
-}
-MaxResult Tensor::max(int64_t dim, bool keepdim) const { return ember::max(*this, dim, keepdim); }
-Tensor Tensor::max() const { return ember::max(*this); }
-Tensor Tensor::argmax(int64_t dim, bool keepdim) const {
-  return ember::argmax(*this, dim, keepdim);
-}
 
 }  // namespace ember

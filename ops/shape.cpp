@@ -246,16 +246,5 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   return out;
 }
 
-Tensor Tensor::reshape(Shape s) const { return ember::reshape(*this, std::move(s)); }
-Tensor Tensor::view(Shape s) const { return ember::view(*this, std::move(s)); }
-Tensor Tensor::flatten(int64_t s, int64_t e) const { return ember::flatten(*this, s, e); }
-Tensor Tensor::transpose(int64_t a, int64_t b) const { return ember::transpose(*this, a, b); }
-Tensor Tensor::permute(std::vector<int64_t> d) const { return ember::permute(*this, std::move(d)); }
-Tensor Tensor::unsqueeze(int64_t d) const { return ember::unsqueeze(*this, d); }
-Tensor Tensor::squeeze(int64_t d) const { return ember::squeeze(*this, d); }
-Tensor Tensor::expand(Shape s) const { return ember::expand(*this, std::move(s)); }
-Tensor Tensor::narrow(int64_t d, int64_t s, int64_t l) const {
-  return ember::narrow(*this, d, s, l);
-}
 
 }  // namespace ember
