@@ -3,6 +3,7 @@
 #include "graph/autograd.h"
 
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <unordered_map>
 
@@ -121,13 +122,22 @@ bool any_requires_grad(const std::vector<Tensor>& ts) {
   return false;
 }
 
-void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
-             std::initializer_list<Tensor*> outputs) {
-  node->next_edges.reserve(inputs.size());
-  for (const Tensor& t : inputs) {
-    node->next_edges.push_back(t.defined() ? edge_to(t) : Edge{});
-    node->input_shapes.push_back(t.defined() ? t.shape() : Shape{});
-    node->input_dtypes.push_back(t.defined() ? t.dtype() : kFloat32);
+bool any_requires_grad(std::initializer_list<Tensor> ts) {
+  if (!is_grad_enabled()) return false;
+  for (const Tensor& t : ts)
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+namespace {
+
+void link(const std::shared_ptr<Node>& node, const Tensor* begin, const Tensor* end,
+          std::initializer_list<Tensor*> outputs) {
+  node->next_edges.reserve(end - begin);
+  for (const Tensor* t = begin; t != end; ++t) {
+    node->next_edges.push_back(t->defined() ? edge_to(*t) : Edge{});
+    node->input_shapes.push_back(t->defined() ? t->shape() : Shape{});
+    node->input_dtypes.push_back(t->defined() ? t->dtype() : kFloat32);
   }
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   uint32_t nr = 0;
@@ -138,8 +148,38 @@ void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& input
   }
 }
 
-void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, Tensor& output) {
-  connect(node, inputs, {&output});
+}  // namespace
+
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             std::initializer_list<Tensor*> outputs) {
+  link(node, inputs.begin(), inputs.end(), outputs);
+}
+
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             Tensor& output) {
+  link(node, inputs.begin(), inputs.end(), {&output});
+}
+
+void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+             std::initializer_list<Tensor*> outputs) {
+  link(node, inputs.data(), inputs.data() + inputs.size(), outputs);
+}
+
+// "log_softmax" -> "LogSoftmaxBackward".
+std::string_view Node::name() const {
+  if (name_.empty()) {
+    bool upper = true;
+    for (char c : op_) {
+      if (c == '_') {
+        upper = true;
+        continue;
+      }
+      name_ += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+      upper = false;
+    }
+    name_ += "Backward";
+  }
+  return name_;
 }
 
 namespace {

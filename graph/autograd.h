@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -65,7 +66,10 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  virtual std::string_view name() const = 0;
+  // "MulBackward": the op's name in CamelCase + "Backward", made from the name record() gave.
+  virtual std::string_view name() const;
+  // The op that recorded this Node ("mul"), as given to record().
+  std::string_view op() const { return op_; }
   // grads: one per output (undefined where no gradient flowed). Returns one gradient per input,
   // undefined for inputs that need none; the engine reduces each to its input's shape.
   virtual std::vector<Tensor> apply(std::vector<Tensor>& grads) = 0;
@@ -88,9 +92,22 @@ class Node {
   void save(SavedTensor& slot, const Tensor& t);
 
  private:
+  template <class N, class... Args>
+  friend std::shared_ptr<N> make_node(std::string_view op, Args&&... args);
+
   std::vector<SavedTensor*> saved_;
   bool released_ = false;
+  std::string_view op_;       // a string literal: op names live as long as the program
+  mutable std::string name_;  // name(), made on first use (profiler, errors)
 };
+
+// A Node of type N recording op `op` (a string literal).
+template <class N, class... Args>
+std::shared_ptr<N> make_node(std::string_view op, Args&&... args) {
+  auto node = std::make_shared<N>(std::forward<Args>(args)...);
+  node->op_ = op;
+  return node;
+}
 
 // Number of Nodes alive now (the leak tests count them).
 int64_t live_nodes();
@@ -101,11 +118,42 @@ bool any_requires_grad(const Ts&... ts) {
   return is_grad_enabled() && (ts.requires_grad() || ...);
 }
 bool any_requires_grad(const std::vector<Tensor>& ts);
+bool any_requires_grad(std::initializer_list<Tensor> ts);
+
+// Records op `op` for autograd, as tinygrad's Function.apply: when grad mode is on and an input
+// requires grad, makes the Node N(args…), links it to the inputs (undefined ones get no edge)
+// and makes it the grad_fn of `out`. Returns out. Nodes are made only when needed, so an op
+// pays nothing for autograd under NoGradGuard or on constants.
+template <class N, class... Args>
+Tensor record(std::string_view op, Tensor out, std::initializer_list<Tensor> inputs,
+              Args&&... args) {
+  if (any_requires_grad(inputs))
+    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, out);
+  return out;
+}
+// As record, for ops of a variable number of inputs (cat, stack).
+template <class N, class... Args>
+Tensor record(std::string_view op, Tensor out, const std::vector<Tensor>& inputs, Args&&... args) {
+  if (any_requires_grad(inputs))
+    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, {&out});
+  return out;
+}
+// As record, for ops with several outputs (max's values and indices: only values get a grad_fn
+// when indices is left out).
+template <class N, class... Args>
+void record(std::string_view op, std::initializer_list<Tensor*> outputs,
+            std::initializer_list<Tensor> inputs, Args&&... args) {
+  if (any_requires_grad(inputs))
+    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
+}
 
 // Links `node` to the inputs (one edge each) and makes it the grad_fn of the outputs.
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             std::initializer_list<Tensor*> outputs);
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             Tensor& output);
 void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
              std::initializer_list<Tensor*> outputs);
-void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, Tensor& output);
 
 // Runs backward from `root` (seeded with `grad`, or 1 for a one-element root).
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);

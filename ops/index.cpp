@@ -240,7 +240,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     offset += sizes[i];
   }
   if (any_requires_grad(tensors))
-    connect(std::make_shared<CatBackward>("CatBackward", d, std::move(sizes), false), tensors, out);
+    connect(std::make_shared<CatBackward>("CatBackward", d, std::move(sizes), false), tensors,
+            {&out});
   return out;
 }
 
@@ -262,7 +263,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
     for (int64_t i = 0; i < n; ++i) copy_into(select(out, d, i), tensors[i]);
   if (any_requires_grad(tensors))
     connect(std::make_shared<CatBackward>("StackBackward", d, std::vector<int64_t>(n, 1), true),
-            tensors, out);
+            tensors, {&out});
   return out;
 }
 
@@ -576,6 +577,5 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
 }
 
 // --- methods
-
 
 }  // namespace ember
