@@ -24,24 +24,20 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // as the reference implementation
 
-std::string_view format_dtype(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return "F32";
-    case DType::Float64:
-      return "F64";
-    case DType::Int64:
-      return "I64";
-    case DType::Bool:
-      return "BOOL";
-  }
-  return "?";
-}
+std::string_view format_dtype(DType t) { return dtype_info(t).safetensors; }
 
 std::optional<DType> parse_dtype(const std::string& s) {
-  for (DType t : {kFloat32, kFloat64, kInt64, kBool})
-    if (s == format_dtype(t)) return t;
+  for (const DTypeInfo& info : kDTypes)
+    if (s == info.safetensors) return info.dtype;
   return std::nullopt;
+}
+
+// "F32, F64, I64, BOOL": the names parse_dtype reads, for messages.
+std::string known_dtypes() {
+  std::string out;
+  for (const DTypeInfo& info : kDTypes)
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", info.safetensors);
+  return out;
 }
 
 // One tensor of a validated file: its bytes are data[begin, end).
@@ -86,8 +82,8 @@ Entry parse_entry(const std::string& name, const nlohmann::json& v, uint64_t dat
   if (!dtype->is_string()) throw fail("dtype is not a string");
   const std::optional<DType> t = parse_dtype(dtype->get<std::string>());
   if (!t)
-    throw fail(fmt::format("unknown dtype '{}' (Ember reads F32, F64, I64, BOOL)",
-                           dtype->get<std::string>()));
+    throw fail(fmt::format("unknown dtype '{}' (Ember reads {})", dtype->get<std::string>(),
+                           known_dtypes()));
   if (!shape->is_array()) throw fail("shape is not an array");
   Entry e{name, *t, {}, 0, 0};
   uint64_t numel = 1;
