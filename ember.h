@@ -1,11 +1,12 @@
 // Ember: a small, fast, define-by-run autograd framework. This header brings the whole API.
 #pragma once
 
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
 #include "graph/dtype.h"
 #include "graph/error.h"
-#include "graph/gradcheck.h"
 #include "graph/parallel.h"
 #include "graph/profile.h"
 #include "graph/random.h"

@@ -147,6 +147,10 @@ void record(std::string_view op, std::initializer_list<Tensor*> outputs,
     connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
 }
 
+// The edge a gradient for `t` flows along: t's grad_fn, or its leaf accumulator (made on first
+// use); empty when t needs no gradient.
+Edge gradient_edge(const Tensor& t);
+
 // Links `node` to the inputs (one edge each) and makes it the grad_fn of the outputs.
 void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
              std::initializer_list<Tensor*> outputs);
@@ -154,8 +158,5 @@ void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> in
              Tensor& output);
 void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
              std::initializer_list<Tensor*> outputs);
-
-// Runs backward from `root` (seeded with `grad`, or 1 for a one-element root).
-void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 
 }  // namespace ember

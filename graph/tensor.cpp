@@ -256,10 +256,6 @@ void Tensor::set_grad(const Tensor& g) const {
   impl_->grad = g.impl_ptr();
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph) const {
-  run_backward(*this, grad, retain_graph);
-}
-
 Tensor Tensor::detach() const {
   EMBER_CHECK(defined(), "detach: undefined tensor");
   return make_view(*this, shape(), strides(), storage_offset());

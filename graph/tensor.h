@@ -110,7 +110,10 @@ class Tensor {
   void set_grad(const Tensor& grad) const;
   const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
   bool is_leaf() const { return impl_->grad_fn == nullptr; }
-  void backward(const Tensor& grad = {}, bool retain_graph = false) const;
+  // Gradients of this tensor into every leaf that requires grad (autograd/engine.cpp). First order
+  // only: create_graph=true throws (Note [First-order only] in autograd/engine.h).
+  void backward(const Tensor& grad = {}, bool retain_graph = false,
+                bool create_graph = false) const;
   Tensor detach() const;
 
   // --- in place (return *this); see Note [Version counter] in graph/autograd.h

@@ -1,5 +1,5 @@
-// Finite-difference gradient checking (see graph/gradcheck.h for the method).
-#include "graph/gradcheck.h"
+// Finite-difference gradient checking (see autograd/gradcheck.h for the method).
+#include "autograd/gradcheck.h"
 
 #include <cmath>
 #include <random>
