@@ -42,7 +42,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
           std::copy(in, in + n, out);
         } else {
           parallel_for(n, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) out[i] = static_cast<D>(in[i]);
+            for (int64_t i = begin; i < end; ++i) out[i] = cast_value<D>(in[i]);
           });
         }
         return;
@@ -53,9 +53,9 @@ void copy_into(const Tensor& dst, const Tensor& src) {
         const S* s = in + off[1];
         const int64_t so = st[0], si = st[1];  // locals: loops reading them vectorise
         if (so == 1 && si == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = static_cast<D>(s[i]);
+          for (int64_t i = 0; i < n; ++i) o[i] = cast_value<D>(s[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i) o[i * so] = static_cast<D>(s[i * si]);
+          for (int64_t i = 0; i < n; ++i) o[i * so] = cast_value<D>(s[i * si]);
         }
       });
     });

@@ -65,7 +65,10 @@ Tensor arange(double start, double end, double step, DType dtype) {
               "arange: start {}, end {} and step {} must be finite", start, end, step);
   EMBER_CHECK((end - start) / step >= 0,
               "arange: end {} is not reachable from start {} with step {}", end, start, step);
-  const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  const double count = std::ceil((end - start) / step);
+  EMBER_CHECK(count < 0x1p62, "arange: [{}, {}) in steps of {} has {:g} elements, too many", start,
+              end, step, count);
+  const auto n = static_cast<int64_t>(count);
   Tensor out = empty({n}, dtype);
   dispatch_numeric(dtype, "arange", [&]<class T>() {
     T* p = out.data<T>();

@@ -74,6 +74,17 @@ constexpr DType promote(DType a, DType b) {
   return dtype_info(a).rank >= dtype_info(b).rank ? a : b;
 }
 
+// Converts one element between element types. Floating -> Int64 is defined for every value, as
+// x86's conversion (what torch does on this CPU): NaN and values outside the int64 range become
+// INT64_MIN, where a plain static_cast is undefined behaviour.
+template <class D, class S>
+constexpr D cast_value(S v) {
+  if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>)
+    return v >= S(-0x1p63) && v < S(0x1p63) ? static_cast<int64_t>(v) : INT64_MIN;
+  else
+    return static_cast<D>(v);
+}
+
 // Calls f.template operator()<T>() with T the element type of `t`.
 template <class F>
 decltype(auto) dispatch_all(DType t, F&& f) {

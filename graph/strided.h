@@ -33,7 +33,7 @@ void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
 }
 
 // The row count from which a loop over rows of `row_length` elements is worth splitting.
-inline int64_t row_grain(int64_t row_length) {
+inline int64_t row_grain(int64_t row_length) {  // row_length 0 counts as 1
   return std::max<int64_t>(2, kParallelGrain / std::max<int64_t>(row_length, 1));
 }
 
@@ -48,6 +48,7 @@ class StridedLoop {
   using Offsets = std::array<int64_t, N>;
 
   StridedLoop(const Shape& shape, const std::array<Shape, N>& strides) {
+    for (int64_t s : shape) empty_ = empty_ || s == 0;
     // Drop size-1 dims and merge dim i into i+1 when every operand steps through them as one.
     for (size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 1) continue;
@@ -84,6 +85,7 @@ class StridedLoop {
   // the whole loop has at least kParallelGrain elements.
   template <class F>
   void run(F&& row) const {
+    if (empty_) return;  // no element: nothing to call, and no row length to divide by
     const int64_t rows = num_rows(), n = row_length();
     const Offsets inner = inner_strides();
     const int64_t grain = rows == 1 ? rows + 1 : std::max<int64_t>(1, kParallelGrain / n);
@@ -94,6 +96,7 @@ class StridedLoop {
   // As run, on the calling thread only (for loops whose rows write to shared slots).
   template <class F>
   void run_serial(F&& row) const {
+    if (empty_) return;
     run_rows(0, num_rows(), row_length(), inner_strides(), row);
   }
 
@@ -122,6 +125,7 @@ class StridedLoop {
 
   Shape shape_;
   std::array<Shape, N> strides_;
+  bool empty_ = false;  // some dim has size 0
 };
 
 }  // namespace ember

@@ -5,9 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
@@ -68,13 +71,28 @@ BufferCache& buffer_cache() {
 size_t rounded_bytes(size_t nbytes) {
   return nbytes == 0 ? kAlignment : (nbytes + kAlignment - 1) / kAlignment * kAlignment;
 }
+// The machine's memory in bytes: a buffer larger than this can never be filled, and with memory
+// overcommit the allocation itself could succeed and the process be killed later.
+size_t physical_memory() {
+  static const size_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
+                                 : std::numeric_limits<size_t>::max();
+  }();
+  return bytes;
+}
+
 }  // namespace
 
 Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+  EMBER_CHECK(nbytes <= physical_memory(),
+              "tensor: cannot allocate {} bytes ({:.1f} GiB): the machine has {:.1f} GiB of memory",
+              nbytes, nbytes / 1073741824.0, physical_memory() / 1073741824.0);
   const size_t rounded = rounded_bytes(nbytes);
   data_ = buffer_cache().take(rounded);
   if (data_ == nullptr) data_ = std::aligned_alloc(kAlignment, rounded);
-  if (data_ == nullptr) throw Error(fmt::format("Storage: cannot allocate {} bytes", nbytes));
+  if (data_ == nullptr)
+    throw Error(fmt::format("tensor: cannot allocate {} bytes (out of memory)", nbytes));
 }
 
 Storage::~Storage() {
@@ -99,11 +117,20 @@ TensorImpl::~TensorImpl() { --g_live_impls; }
 
 int64_t live_tensor_impls() { return g_live_impls.load(); }
 
+// Note [Checked sizes]
+// Every shape is checked where a tensor is made: its sizes are non-negative and their product,
+// the product of the nonzero ones (which strides reach) and the byte count fit in an int64, as
+// torch's "numel: integer multiplication overflow". A shape whose size wraps around would
+// otherwise describe a tensor over too small a buffer.
 int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
+  int64_t n = 1, reach = 1;  // reach: the product of the nonzero sizes
   for (int64_t s : shape) {
     EMBER_CHECK(s >= 0, "tensor: negative size in shape {}", shape);
-    n *= s;
+    EMBER_CHECK(!__builtin_mul_overflow(reach, std::max<int64_t>(s, 1), &reach),
+                "tensor: shape {} has more elements than an int64 counts (integer multiplication "
+                "overflow)",
+                shape);
+    n *= s;  // <= reach: cannot overflow
   }
   return n;
 }
@@ -113,7 +140,8 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     strides[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
+    EMBER_CHECK(!__builtin_mul_overflow(s, std::max<int64_t>(shape[d], 1), &s),
+                "tensor: strides of shape {} overflow an int64", shape);
   }
   return strides;
 }
@@ -127,7 +155,10 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, std::string_view op) {
 
 Tensor empty(const Shape& shape, DType dtype) {
   const int64_t n = shape_numel(shape);
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(dtype));
+  int64_t bytes = 0;
+  EMBER_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(element_size(dtype)), &bytes),
+              "tensor: shape {} of {} needs more bytes than an int64 counts", shape, dtype);
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(bytes));
   return Tensor(
       std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguous_strides(shape), dtype));
 }
@@ -139,10 +170,15 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 
 // --- metadata
 
+void Tensor::throw_undefined(std::string_view op) {
+  throw Error(fmt::format("{}: undefined tensor (a default-constructed Tensor holds no data)", op));
+}
+
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // as torch: no element is out of place
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (shape()[d] == 1) continue;
@@ -172,7 +208,7 @@ T Tensor::item() const {
               "item: only one-element tensors can be converted to a scalar, got "
               "shape {}",
               shape());
-  return dispatch_all(dtype(), [&]<class S>() { return static_cast<T>(*data<S>()); });
+  return dispatch_all(dtype(), [&]<class S>() { return cast_value<T>(*data<S>()); });
 }
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
@@ -250,6 +286,9 @@ Tensor Tensor::grad() const { return defined() && impl_->grad ? Tensor(impl_->gr
 
 void Tensor::set_grad(const Tensor& g) const {
   EMBER_CHECK(defined(), "set_grad: undefined tensor");
+  EMBER_CHECK(!g.defined() || g.dtype() == dtype(),
+              "set_grad: a {} gradient for a {} tensor (the dtypes must match)",
+              g.defined() ? g.dtype() : dtype(), dtype());
   EMBER_CHECK(!g.defined() || g.shape() == shape(),
               "set_grad: gradient of shape {} for a tensor of shape {}",
               g.defined() ? g.shape() : Shape{}, shape());

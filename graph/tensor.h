@@ -75,16 +75,17 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // --- metadata
+  // Every accessor below throws ember::Error on an undefined tensor (Tensor()).
   bool defined() const { return impl_ != nullptr; }
-  const Shape& shape() const { return impl_->shape; }
-  const Shape& sizes() const { return impl_->shape; }
-  const Shape& strides() const { return impl_->strides; }
-  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
-  int64_t numel() const { return impl_->numel; }
+  const Shape& shape() const { return checked("shape").shape; }
+  const Shape& sizes() const { return checked("sizes").shape; }
+  const Shape& strides() const { return checked("strides").strides; }
+  int64_t dim() const { return static_cast<int64_t>(checked("dim").shape.size()); }
+  int64_t numel() const { return checked("numel").numel; }
   int64_t size(int64_t d) const;
   int64_t stride(int64_t d) const;
-  int64_t storage_offset() const { return impl_->offset; }
-  DType dtype() const { return impl_->dtype; }
+  int64_t storage_offset() const { return checked("storage_offset").offset; }
+  DType dtype() const { return checked("dtype").dtype; }
   bool is_contiguous() const;
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
@@ -108,8 +109,8 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   Tensor grad() const;
   void set_grad(const Tensor& grad) const;
-  const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
-  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  const std::shared_ptr<Node>& grad_fn() const { return checked("grad_fn").grad_fn; }
+  bool is_leaf() const { return checked("is_leaf").grad_fn == nullptr; }
   // Gradients of this tensor into every leaf that requires grad (autograd/engine.cpp). First order
   // only: create_graph=true throws (Note [First-order only] in autograd/engine.h).
   void backward(const Tensor& grad = {}, bool retain_graph = false,
@@ -133,6 +134,13 @@ class Tensor {
 #undef EMBER_OP
 
  private:
+  const TensorImpl& checked(std::string_view op) const {
+    if (impl_ == nullptr) [[unlikely]]
+      throw_undefined(op);
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined(std::string_view op);
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -1,0 +1,75 @@
+// No input crashes Ember: empty tensors, sizes that overflow, undefined tensors and conversions
+// that C++ leaves undefined. Each case once ended in a signal or a silently wrong value; each now
+// gives PyTorch's result or an ember::Error naming the op.
+#include <boost/test/unit_test.hpp>
+
+#include <climits>
+#include <cmath>
+#include <limits>
+
+#include "tests/helpers.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+BOOST_AUTO_TEST_SUITE(test_safety)
+
+constexpr int64_t kBig = int64_t{1} << 62;
+
+BOOST_AUTO_TEST_CASE(empty_tensors_give_empty_results) {
+  const Tensor e = zeros({2, 0});
+  BOOST_TEST((e.is_contiguous()));
+  BOOST_TEST(((e + 1.0).shape() == Shape{2, 0}));
+  BOOST_TEST(((e.clone()).numel() == 0));
+  BOOST_TEST((exp(e).shape() == Shape{2, 0}));
+  BOOST_TEST((where(e > 0.0, e, e).shape() == Shape{2, 0}));
+  BOOST_TEST((zeros({0, 2}).transpose(0, 1).contiguous().shape() == Shape{2, 0}));
+  BOOST_TEST((e.to_vector<float>().empty()));
+  BOOST_TEST((zeros({3, 0}).to(kInt64).numel() == 0));
+  BOOST_TEST((zeros({2, 0, 3}).sum({1}).to_vector<float>() == std::vector<float>(6, 0.0f)));
+}
+
+BOOST_AUTO_TEST_CASE(sizes_that_overflow_are_errors) {
+  expect_error([] { zeros({kBig}); }, {"tensor", "bytes"});
+  expect_error([] { zeros({int64_t{1} << 31, int64_t{1} << 31, 4}); }, {"tensor", "overflow"});
+  expect_error([] { ones({3037000500, 3037000500}); }, {"tensor", "overflow"});
+  expect_error([] { zeros({0, kBig, 8}); }, {"tensor", "overflow"});
+  expect_error([] { rand({kBig}); }, {"tensor", "bytes"});
+  expect_error([] { randn({kBig}); }, {"tensor", "bytes"});
+  expect_error([] { normal(0, 1, {kBig}); }, {"tensor", "bytes"});
+  expect_error([] { randint(0, 5, {kBig}); }, {"tensor", "bytes"});
+  expect_error([] { eye(int64_t{1} << 32); }, {"tensor"});
+  expect_error([] { arange(0, 1e30); }, {"arange", "too many"});
+  expect_error([] { arange(0, double(kBig / 2)); }, {"tensor", "bytes"});
+  // Within an int64 but beyond this machine's memory: refused before allocating.
+  expect_error([] { zeros({int64_t{1} << 40}); }, {"tensor", "cannot allocate", "GiB"});
+}
+
+BOOST_AUTO_TEST_CASE(undefined_tensors_raise) {
+  const Tensor u;
+  expect_error([&] { (void)u.dim(); }, {"dim", "undefined"});
+  expect_error([&] { (void)u.shape(); }, {"shape", "undefined"});
+  expect_error([&] { (void)u.numel(); }, {"numel", "undefined"});
+  expect_error([&] { (void)u.dtype(); }, {"dtype", "undefined"});
+  expect_error([&] { (void)u.is_leaf(); }, {"is_leaf", "undefined"});
+  expect_error([&] { (void)u.size(0); }, {"undefined"});
+  expect_error([&] { (void)u.contiguous(); }, {"undefined"});
+  BOOST_TEST(!u.defined());
+  BOOST_TEST(!u.requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(conversions_are_defined_for_every_value) {
+  // As torch on x86: NaN and out-of-range floats become INT64_MIN.
+  const Tensor x = tensor({std::nan(""), 1e300, -1e300, 2.7, -2.7}, kFloat64);
+  const std::vector<int64_t> expected{INT64_MIN, INT64_MIN, INT64_MIN, 2, -2};
+  BOOST_TEST((x.to(kInt64).to_vector<int64_t>() == expected));
+  BOOST_TEST((x.to_vector<int64_t>() == expected));
+  BOOST_TEST(tensor({std::nan("")}).item<int64_t>() == INT64_MIN);
+}
+
+BOOST_AUTO_TEST_CASE(set_grad_checks_the_dtype) {
+  Tensor w = ones({2}).requires_grad_();
+  expect_error([&] { w.set_grad(ones({2}, kInt64)); }, {"set_grad", "Int64", "Float32"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
