@@ -1,12 +1,13 @@
 # Thin wrapper over CMake: `make demo` and `make test` are all a new user needs.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= 2
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
               libcli11-dev nlohmann-json3-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan bench format clean
+.PHONY: all deps build demo test test-asan test-tsan bench format clean
 
 all: build
 
@@ -38,6 +39,15 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS)
 
+# ThreadSanitizer over the concurrency tests. One OpenMP/OpenBLAS thread per caller: libgomp is
+# not instrumented, and what is tested is Ember's own state shared between the callers' threads.
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON \
+	  -DEMBER_BUILD_EXAMPLES=OFF -DEMBER_BUILD_BENCH=OFF
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target ember_tests
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 EMBER_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+	  $(TSAN_BUILD)/tests/ember_tests --run_test=test_threads
+
 bench: build
 	./bench/run.sh $(BUILD)
 
@@ -45,4 +55,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

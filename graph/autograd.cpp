@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cctype>
 #include <cmath>
+#include <mutex>
 #include <unordered_map>
 
 #include "graph/creation.h"
@@ -68,13 +69,19 @@ void Node::check_saved() const {
 }
 
 void Node::release_saved() {
+  // A Node that saved nothing is left untouched: leaves' AccumulateGrad nodes are shared by the
+  // graphs of concurrent backward passes (Note [Concurrent backward]).
+  if (saved_.empty()) return;
   for (SavedTensor* s : saved_) s->data_ = Tensor();
   released_ = true;
 }
 
 namespace {
 
-// The leaf's Node: adds the incoming gradient to the leaf's .grad.
+// The leaf's Node: adds the incoming gradient to the leaf's .grad. Note [Concurrent backward]:
+// threads running backward through graphs that share a leaf (one model, several threads) meet
+// here, so the update of .grad holds the node's mutex; gradient_edge() gives a leaf one
+// AccumulateGrad at a time (under g_accumulator_mutex), so that mutex covers every writer.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
@@ -83,6 +90,7 @@ class AccumulateGrad final : public Node {
     Tensor g = grads[0];
     if (!g.defined()) return {};
     if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
+    std::lock_guard lock(mutex_);
     if (!leaf_->grad) {
       // Own the buffer: later accumulation writes into it in place.
       const bool owned =
@@ -96,13 +104,17 @@ class AccumulateGrad final : public Node {
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
+  std::mutex mutex_;
 };
+
+std::mutex g_accumulator_mutex;  // guards TensorImpl::grad_accumulator of every leaf
 
 }  // namespace
 
 Edge gradient_edge(const Tensor& t) {
   if (!t.requires_grad()) return {};
   if (t.grad_fn()) return {t.grad_fn(), t.impl()->output_nr};
+  std::lock_guard lock(g_accumulator_mutex);
   std::shared_ptr<Node> acc = t.impl()->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());

@@ -12,13 +12,31 @@ std::mt19937_64& global_generator() {
   return gen;
 }
 
-void manual_seed(uint64_t seed) { global_generator().seed(seed); }
+namespace {
+std::mutex& generator_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+GeneratorGuard::GeneratorGuard() : lock_(generator_mutex()) {}
+
+void manual_seed(uint64_t seed) {
+  GeneratorGuard guard;
+  guard.gen().seed(seed);
+}
+
+uint64_t random_bits() {
+  GeneratorGuard guard;
+  return guard.gen()();
+}
 
 double next_uniform(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
 
 Tensor rand(Shape shape, DType dtype) {
   Tensor out = empty(shape, dtype);
-  auto& gen = global_generator();
+  GeneratorGuard guard;
+  auto& gen = guard.gen();
   dispatch_float(dtype, "rand", [&]<class T>() {
     T* p = out.data<T>();
     for (int64_t i = 0; i < out.numel(); ++i) {
@@ -32,7 +50,8 @@ Tensor rand(Shape shape, DType dtype) {
 Tensor normal(double mean, double std, Shape shape, DType dtype) {
   EMBER_CHECK(std >= 0, "normal: std must be non-negative, got {}", std);
   Tensor out = empty(shape, dtype);
-  auto& gen = global_generator();
+  GeneratorGuard guard;
+  auto& gen = guard.gen();
   dispatch_float(dtype, "normal", [&]<class T>() {
     T* p = out.data<T>();
     const int64_t n = out.numel();
@@ -53,7 +72,8 @@ Tensor randn(Shape shape, DType dtype) { return normal(0.0, 1.0, std::move(shape
 Tensor randint(int64_t low, int64_t high, Shape shape) {
   EMBER_CHECK(low < high, "randint: low {} must be less than high {}", low, high);
   Tensor out = empty(shape, kInt64);
-  auto& gen = global_generator();
+  GeneratorGuard guard;
+  auto& gen = guard.gen();
   const auto range = static_cast<uint64_t>(high - low);
   int64_t* p = out.data<int64_t>();
   for (int64_t i = 0; i < out.numel(); ++i) {

@@ -1,17 +1,39 @@
 // The global random generator (std::mt19937_64) and the random tensors drawn from it. Numbers
 // are drawn serially, so one seed gives the same tensors on every run and thread count.
+//
+// Note [Generator lock]
+// One generator serves every thread, as torch's default CPU generator: each draw of a tensor (or
+// of a dropout key) holds its mutex, so threads never race on its state and each tensor's
+// numbers are one contiguous run of the stream. Which thread gets which run depends on the
+// order the threads come in; a program that needs the same numbers per thread seeds and draws
+// on one thread.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <random>
 
 #include "graph/tensor.h"
 
 namespace ember {
 
-// The engine behind every random op; seeded with 0 at start, reseeded by manual_seed.
+// The engine behind every random op; seeded with 0 at start, reseeded by manual_seed. Hold a
+// GeneratorGuard while using it (Note [Generator lock]).
 std::mt19937_64& global_generator();
 void manual_seed(uint64_t seed);
+
+// Holds the global generator's lock while alive; gen() is the generator.
+class GeneratorGuard {
+ public:
+  GeneratorGuard();
+  std::mt19937_64& gen() { return global_generator(); }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+// 64 bits from the global generator, under its lock (a dropout call's key).
+uint64_t random_bits();
 
 // One uniform double in [0, 1) with 53 random bits.
 double next_uniform(std::mt19937_64& gen);

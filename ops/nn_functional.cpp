@@ -580,8 +580,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   EMBER_CHECK(is_floating(x.dtype()),
               "dropout: expected a Float32 or Float64 tensor, got {} of shape {}", x.dtype(),
               x.shape());
-  const DropoutMask mask{global_generator()(), static_cast<uint32_t>(std::ldexp(p, 32)),
-                         1.0 / (1.0 - p)};
+  const DropoutMask mask{random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
   Tensor out = apply_dropout_mask(x, mask);
   if (any_requires_grad(x)) connect(std::make_shared<DropoutBackward>(mask), {x}, out);
   return out;
@@ -654,6 +653,5 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
   return out;
 }
-
 
 }  // namespace ember
