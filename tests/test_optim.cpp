@@ -222,4 +222,23 @@ BOOST_AUTO_TEST_CASE(clip_grad_norm_matches_pytorch) {
   expect_error([&] { optim::clip_grad_norm_({w}, -1.0); }, {"clip_grad_norm_", "-1"});
 }
 
+BOOST_AUTO_TEST_CASE(clip_grad_norm_orders_and_nonfinite_gradients) {
+  Tensor a = zeros({3}, kFloat64).requires_grad_(), b = zeros({2}, kFloat64).requires_grad_();
+  a.set_grad(tensor({1, -4, 2}, kFloat64));
+  b.set_grad(tensor({-3, 0}, kFloat64));
+  BOOST_TEST(optim::clip_grad_norm_({a, b}, 100.0, INFINITY) == 4.0);
+  const double p3 = std::cbrt(1.0 + 64 + 8 + 27);
+  BOOST_TEST(optim::clip_grad_norm_({a, b}, 100.0, 3.0) == p3, boost::test_tools::tolerance(1e-12));
+  // As torch: a NaN gradient makes the total NaN and every gradient NaN (nothing silently
+  // unscaled), and error_if_nonfinite refuses it.
+  b.set_grad(tensor({NAN, 0}, kFloat64));
+  expect_error(
+      [&] {
+        optim::clip_grad_norm_({a, b}, 1.0, 2.0, true);
+      },
+      {"clip_grad_norm_", "nan", "error_if_nonfinite"});
+  BOOST_TEST(std::isnan(optim::clip_grad_norm_({a, b}, 1.0)));
+  for (double v : a.grad().to_vector<double>()) BOOST_TEST(std::isnan(v));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
