@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <numbers>
+#include <sstream>
+
+#include "graph/creation.h"
 
 namespace ember {
 
@@ -24,6 +27,45 @@ GeneratorGuard::GeneratorGuard() : lock_(generator_mutex()) {}
 void manual_seed(uint64_t seed) {
   GeneratorGuard guard;
   guard.gen().seed(seed);
+}
+
+// std::mt19937_64 writes its state as 312 words and a position, separated by spaces.
+constexpr int64_t kStateWords = 313;
+
+Tensor get_rng_state() {
+  std::stringstream text;
+  {
+    GeneratorGuard guard;
+    text << guard.gen();
+  }
+  std::vector<int64_t> words;
+  uint64_t w = 0;
+  while (text >> w) words.push_back(static_cast<int64_t>(w));
+  EMBER_CHECK(static_cast<int64_t>(words.size()) == kStateWords,
+              "get_rng_state: the generator wrote {} words, expected {}", words.size(),
+              kStateWords);
+  return from_vector(words, {kStateWords});
+}
+
+void set_rng_state(const Tensor& state) {
+  EMBER_CHECK(state.defined() && state.dtype() == kInt64 && state.dim() == 1 &&
+                  state.numel() == kStateWords,
+              "set_rng_state: expected the Int64 tensor of shape [{}] that get_rng_state gives, "
+              "got {}",
+              kStateWords,
+              state.defined() ? fmt::format("{} of shape {}", state.dtype(), state.shape())
+                              : std::string("an undefined tensor"));
+  const std::vector<int64_t> words = state.to_vector<int64_t>();
+  EMBER_CHECK(words.back() >= 0 && words.back() <= kStateWords - 1,
+              "set_rng_state: position {} is not a generator state's (0 to {})", words.back(),
+              kStateWords - 1);
+  std::stringstream text;
+  for (int64_t w : words) text << static_cast<uint64_t>(w) << ' ';
+  std::mt19937_64 restored;
+  text >> restored;
+  EMBER_CHECK(!text.fail(), "set_rng_state: the tensor is not a generator state");
+  GeneratorGuard guard;
+  guard.gen() = restored;
 }
 
 uint64_t random_bits() {

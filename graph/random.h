@@ -22,6 +22,12 @@ namespace ember {
 std::mt19937_64& global_generator();
 void manual_seed(uint64_t seed);
 
+// The global generator's whole state as an opaque 1-D Int64 tensor (the mt19937_64 words and
+// position, as torch.get_rng_state's ByteTensor), and back: set_rng_state(get_rng_state())
+// continues the same stream. A tensor that is not such a state is an error.
+Tensor get_rng_state();
+void set_rng_state(const Tensor& state);
+
 // Holds the global generator's lock while alive; gen() is the generator.
 class GeneratorGuard {
  public:

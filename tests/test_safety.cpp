@@ -72,4 +72,18 @@ BOOST_AUTO_TEST_CASE(set_grad_checks_the_dtype) {
   expect_error([&] { w.set_grad(ones({2}, kInt64)); }, {"set_grad", "Int64", "Float32"});
 }
 
+BOOST_AUTO_TEST_CASE(rng_state_round_trips_and_rejects_other_tensors) {
+  manual_seed(11);
+  (void)rand({5});
+  const Tensor state = get_rng_state();
+  const std::vector<double> next = randn({7}, kFloat64).to_vector<double>();
+  (void)rand({100});
+  set_rng_state(state);
+  BOOST_TEST((randn({7}, kFloat64).to_vector<double>() == next));
+  expect_error([] { set_rng_state(ones({3})); }, {"set_rng_state", "Float32", "[3]"});
+  Tensor bad = state.clone();
+  bad.narrow(0, 312, 1).fill_(100000);
+  expect_error([&] { set_rng_state(bad); }, {"set_rng_state", "position"});
+}
+
 BOOST_AUTO_TEST_SUITE_END()
