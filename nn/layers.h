@@ -11,7 +11,6 @@ class Linear : public Cloneable<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias is undefined without one
@@ -28,7 +27,6 @@ class Embedding : public Cloneable<Embedding> {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   Tensor forward(const Tensor& indices) const;
-  Tensor operator()(const Tensor& indices) const { return forward(indices); }
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;
@@ -43,7 +41,6 @@ class LayerNorm : public Cloneable<LayerNorm> {
  public:
   explicit LayerNorm(int64_t features, double eps = 1e-5);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   int64_t features;
   double eps;
@@ -61,7 +58,6 @@ class Dropout : public Cloneable<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   double p;
 };

@@ -109,7 +109,8 @@ class Module {
   bool training_ = true;
 };
 
-// Gives Derived a clone() built on its copy constructor; see Note [Cloning modules].
+// Gives Derived a clone() built on its copy constructor (see Note [Cloning modules]) and a call
+// operator: module(args...) is module.forward(args...), whatever forward's arguments.
 template <class Derived>
 class Cloneable : public Module {
  public:
@@ -117,6 +118,19 @@ class Cloneable : public Module {
     const std::vector<long> counts = registry_use_counts();
     return finish_clone(*this, counts,
                         std::make_shared<Derived>(static_cast<const Derived&>(*this)));
+  }
+
+  // (D stands for Derived, named so that the return type waits for the call, when Derived is
+  // complete; the const operator exists where forward is const.)
+  template <class... Args, class D = Derived>
+  auto operator()(Args&&... args)
+      -> decltype(std::declval<D&>().forward(std::forward<Args>(args)...)) {
+    return static_cast<D&>(*this).forward(std::forward<Args>(args)...);
+  }
+  template <class... Args, class D = Derived>
+  auto operator()(Args&&... args) const
+      -> decltype(std::declval<const D&>().forward(std::forward<Args>(args)...)) {
+    return static_cast<const D&>(*this).forward(std::forward<Args>(args)...);
   }
 };
 
@@ -168,7 +182,6 @@ class Sequential : public Cloneable<Sequential> {
   auto begin() const { return items_.begin(); }
   auto end() const { return items_.end(); }
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
  protected:
   void rebind(const CloneMap& map) override;

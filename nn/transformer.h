@@ -35,10 +35,6 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
   // query (B, Tq, D), key and value (B, Tk, D); mask (B or 1, 1 or Tq, Tk) -> (B, Tq, D).
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& mask = {});
-  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value,
-                    const Tensor& mask = {}) {
-    return forward(query, key, value, mask);
-  }
 
   int64_t d_k, h;
   std::shared_ptr<ModuleList> linears;  // 4 x Linear(d_model, d_model)
@@ -54,7 +50,6 @@ class PositionwiseFeedForward : public Cloneable<PositionwiseFeedForward> {
  public:
   PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.1);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Linear> w_1, w_2;
   std::shared_ptr<Dropout> dropout;
@@ -68,7 +63,6 @@ class Embeddings : public Cloneable<Embeddings> {
  public:
   Embeddings(int64_t d_model, int64_t vocab);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Embedding> lut;
   int64_t d_model;
@@ -83,7 +77,6 @@ class PositionalEncoding : public Cloneable<PositionalEncoding> {
  public:
   PositionalEncoding(int64_t d_model, double dropout, int64_t max_len = 5000);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Dropout> dropout;
   Tensor pe;
@@ -102,9 +95,6 @@ class SublayerConnection : public Cloneable<SublayerConnection> {
  public:
   SublayerConnection(int64_t size, double dropout);
   Tensor forward(const Tensor& x, const Sublayer& sublayer) const;
-  Tensor operator()(const Tensor& x, const Sublayer& sublayer) const {
-    return forward(x, sublayer);
-  }
 
   std::shared_ptr<LayerNorm> norm;
   std::shared_ptr<Dropout> dropout;
@@ -141,7 +131,6 @@ class EncoderLayer : public Cloneable<EncoderLayer> {
                std::shared_ptr<PositionwiseFeedForward> feed_forward, double dropout);
   // x (B, S, D), mask (B, 1, S).
   Tensor forward(const Tensor& x, const Tensor& mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
 
   std::shared_ptr<MultiHeadedAttention> self_attn;
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
@@ -156,7 +145,6 @@ class Encoder : public LayerStack<Encoder, EncoderLayer> {
  public:
   Encoder(const EncoderLayer& layer, int64_t N) : LayerStack(layer, N, "Encoder") {}
   Tensor forward(const Tensor& x, const Tensor& mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
 };
 
 // Masked self-attention, source attention over the encoder's memory, feed-forward.
@@ -168,10 +156,6 @@ class DecoderLayer : public Cloneable<DecoderLayer> {
   // x (B, T, D), memory (B, S, D), src_mask (B, 1, S), tgt_mask (B or 1, T, T).
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(x, memory, src_mask, tgt_mask);
-  }
 
   int64_t size;
   std::shared_ptr<MultiHeadedAttention> self_attn, src_attn;
@@ -187,10 +171,6 @@ class Decoder : public LayerStack<Decoder, DecoderLayer> {
   Decoder(const DecoderLayer& layer, int64_t N) : LayerStack(layer, N, "Decoder") {}
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(x, memory, src_mask, tgt_mask);
-  }
 };
 
 // log_softmax(proj(x), -1): (B, T, D) -> (B, T, V) log-probabilities.
@@ -198,7 +178,6 @@ class Generator : public Cloneable<Generator> {
  public:
   Generator(int64_t d_model, int64_t vocab);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Linear> proj;
 
@@ -221,10 +200,6 @@ class EncoderDecoder : public Cloneable<EncoderDecoder> {
   // The decoder's output (before the generator).
   Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(src, tgt, src_mask, tgt_mask);
-  }
   // d_model, read from src_embed's Embeddings (the original's model.src_embed[0].d_model).
   int64_t d_model() const;
 

@@ -16,7 +16,6 @@ struct Affine : nn::Cloneable<Affine> {
     count = register_buffer("count", zeros({1}, kInt64));
   }
   Tensor forward(const Tensor& x) const { return x * w + b; }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
   Tensor w, b, count;
 
  protected:

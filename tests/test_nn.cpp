@@ -278,7 +278,6 @@ struct MLP : nn::Cloneable<MLP> {
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, out));
   }
   Tensor forward(const Tensor& x) const { return fc2->forward(relu(fc1->forward(x))); }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
   std::shared_ptr<nn::Linear> fc1, fc2;
 
  protected:
