@@ -14,12 +14,6 @@ class Linear : public Cloneable<Linear> {
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias is undefined without one
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(weight);
-    map(bias);
-  }
 };
 
 // Rows of weight (num_embeddings, embedding_dim) ~ N(0, 1) picked by Int64 indices.
@@ -30,9 +24,6 @@ class Embedding : public Cloneable<Embedding> {
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;
-
- protected:
-  void rebind(const CloneMap& map) override { map(weight); }
 };
 
 // torch.nn.LayerNorm over the last dim: (x - mean) / sqrt(biased var + eps) * weight + bias,
@@ -45,12 +36,6 @@ class LayerNorm : public Cloneable<LayerNorm> {
   int64_t features;
   double eps;
   Tensor weight, bias;
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(weight);
-    map(bias);
-  }
 };
 
 // Inverted dropout with probability p while training; the identity in eval().

@@ -6,15 +6,21 @@
 // Note [Cloning modules]
 // clone() is PyTorch's copy.deepcopy. A module derives from Cloneable<Derived>, whose clone()
 // copy-constructs Derived (its members then alias the original's tensors and children), gives the
-// copy's registry new storage and cloned children, and finally calls the virtual rebind(map), in
-// which a module points each member handle at the copy's version: `map(weight); map(bias);`.
-// Modules whose only handles live in the registry need no rebind. If a member still shares a
-// registered tensor or child with the original after rebind, clone() throws naming it, so a
-// forgotten line fails loudly instead of silently tying two layers together.
+// copy's registry new storage and cloned children, and points the copy's members at them. A module
+// names the member when it registers: `register_parameter("weight", weight, t)` sets `weight` and
+// records where it sits in the object (its offset from the Module base, the same in every object
+// of the class), which is how clone() finds the copy's `weight`. State the registry does not hold
+// (the last attention map, handles kept in a vector) is the business of the virtual rebind(map),
+// which runs last. If a member still shares a registered tensor or child with the original after
+// that (registered without naming the member, and not rebound), clone() throws naming it, so a
+// forgotten handle fails loudly instead of silently tying two layers together.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <ranges>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -61,7 +67,7 @@ class Module {
   // Parameters and buffers under every name (shared tensors repeat), in PyTorch's state_dict
   // order: a module's parameters, then its buffers, then each child's. What save() writes.
   NamedTensors state_dict() const;
-  NamedModules named_children() const { return children_; }
+  const NamedModules& named_children() const { return children_; }
   // This module ("") and every descendant, depth first.
   std::vector<std::pair<std::string, const Module*>> named_modules() const;
 
@@ -88,24 +94,49 @@ class Module {
     add_child(std::move(name), m);
     return m;
   }
-  // Points member handles at the copy's tensors and children; see Note [Cloning modules].
+  // The same, also setting the data member `member` to the registered handle, which clone() then
+  // points at the copy's version; see Note [Cloning modules].
+  Tensor& register_parameter(std::string name, Tensor& member, Tensor t);
+  Tensor& register_buffer(std::string name, Tensor& member, Tensor t);
+  template <class M>
+  std::shared_ptr<M>& register_module(std::string name, std::shared_ptr<M>& member,
+                                      std::type_identity_t<std::shared_ptr<M>> m) {
+    member = register_module(name, std::move(m));
+    add_member(std::move(name), &member, [](void* slot, const CloneMap& map) {
+      map(*static_cast<std::shared_ptr<M>*>(slot));
+    });
+    return member;
+  }
+  // Points the handles the registry does not know at the copy's versions, or resets them; see
+  // Note [Cloning modules].
   virtual void rebind(const CloneMap&) {}
   // How many handles share each registered tensor and child (taken before copying).
   std::vector<long> registry_use_counts() const;
-  // clone()'s work after Derived's copy constructor: new storage, cloned children, rebind, and
-  // the check that no member still shares the original's tensors or children.
+  // clone()'s work after Derived's copy constructor: new storage, cloned children, members
+  // pointed at them, rebind, and the check that no member still shares the original's tensors or
+  // children. object_size is sizeof(Derived), the extent the registered members lie in.
   static std::shared_ptr<Module> finish_clone(const Module& original,
                                               const std::vector<long>& use_counts_before,
-                                              std::shared_ptr<Module> copy);
+                                              std::shared_ptr<Module> copy, size_t object_size);
 
  private:
+  // A data member holding a registered handle: where it sits and how to point it at the copy's.
+  struct Member {
+    std::string name;
+    std::ptrdiff_t offset;  // from this Module base to the member
+    void (*repoint)(void* member, const CloneMap& map);
+  };
+
   void check_new_name(const std::string& name, std::string_view op) const;
   void add_child(std::string name, std::shared_ptr<Module> m);
+  void add_member(std::string name, const void* member,
+                  void (*repoint)(void* member, const CloneMap& map));
   void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors& out) const;
 
   NamedTensors parameters_;
   NamedTensors buffers_;
   NamedModules children_;
+  std::vector<Member> members_;
   bool training_ = true;
 };
 
@@ -117,7 +148,8 @@ class Cloneable : public Module {
   std::shared_ptr<Module> clone() const override {
     const std::vector<long> counts = registry_use_counts();
     return finish_clone(*this, counts,
-                        std::make_shared<Derived>(static_cast<const Derived&>(*this)));
+                        std::make_shared<Derived>(static_cast<const Derived&>(*this)),
+                        sizeof(Derived));
   }
 
   // (D stands for Derived, named so that the return type waits for the call, when Derived is
@@ -149,15 +181,10 @@ class ModuleList : public Cloneable<ModuleList> {
                 (*this)[i]->type_name());
     return m;
   }
-  size_t size() const { return items_.size(); }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
-
- protected:
-  void rebind(const CloneMap& map) override;
-
- private:
-  std::vector<std::shared_ptr<Module>> items_;
+  size_t size() const { return named_children().size(); }
+  // The modules, read from the registry (an elements_view iterator holds only the vector's).
+  auto begin() const { return std::views::values(named_children()).begin(); }
+  auto end() const { return std::views::values(named_children()).end(); }
 };
 
 // Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential.
@@ -171,24 +198,20 @@ class Sequential : public Cloneable<Sequential> {
   // M needs forward(const Tensor&) -> Tensor.
   template <class M>
   void push_back(std::shared_ptr<M> m) {
-    EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", items_.size());
+    EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", size());
     calls_.push_back(+[](Module& module, const Tensor& x) -> Tensor {
       return static_cast<M&>(module).forward(x);
     });
-    items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+    register_module(std::to_string(size()), std::move(m));
   }
   const std::shared_ptr<Module>& operator[](size_t i) const;
-  size_t size() const { return items_.size(); }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
+  size_t size() const { return named_children().size(); }
+  auto begin() const { return std::views::values(named_children()).begin(); }
+  auto end() const { return std::views::values(named_children()).end(); }
   Tensor forward(const Tensor& x) const;
 
- protected:
-  void rebind(const CloneMap& map) override;
-
  private:
-  std::vector<std::shared_ptr<Module>> items_;
-  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // items_[i]'s forward, typed
+  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // module i's forward, typed
 };
 
 }  // namespace ember::nn

@@ -19,7 +19,7 @@ class NWKernelRegression : public Cloneable<NWKernelRegression> {
   Tensor attention_weights;  // of the last forward, for show_heatmaps; undefined before one
 
  protected:
-  void rebind(const CloneMap& map) override;
+  void rebind(const CloneMap& map) override;  // a copy owns its attention_weights too
 };
 
 }  // namespace ember::nn

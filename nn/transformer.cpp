@@ -44,9 +44,9 @@ MultiHeadedAttention::MultiHeadedAttention(int64_t h, int64_t d_model, double dr
   // The original's clones(nn.Linear(d_model, d_model), 4): deep copies of one Linear, so the
   // four projections start from the same bias (make_model re-draws every weight).
   const Linear projection(d_model, d_model);
-  linears = register_module("linears", std::make_shared<ModuleList>());
+  register_module("linears", linears, std::make_shared<ModuleList>());
   for (int i = 0; i < 4; ++i) linears->push_back(projection.clone());
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -69,34 +69,24 @@ Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, con
   return linears->at<Linear>(3)->forward(x);
 }
 
-void MultiHeadedAttention::rebind(const CloneMap& map) {
-  map(linears);
-  map(dropout);
-  attn = Tensor();  // a copy has attended to nothing yet
-}
+void MultiHeadedAttention::rebind(const CloneMap&) { attn = Tensor(); }
 
 // --- PositionwiseFeedForward
 
 PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout_p) {
-  w_1 = register_module("w_1", std::make_shared<Linear>(d_model, d_ff));
-  w_2 = register_module("w_2", std::make_shared<Linear>(d_ff, d_model));
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("w_1", w_1, std::make_shared<Linear>(d_model, d_ff));
+  register_module("w_2", w_2, std::make_shared<Linear>(d_ff, d_model));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
   return w_2->forward(dropout->forward(relu(w_1->forward(x))));
 }
 
-void PositionwiseFeedForward::rebind(const CloneMap& map) {
-  map(w_1);
-  map(w_2);
-  map(dropout);
-}
-
 // --- Embeddings and PositionalEncoding
 
 Embeddings::Embeddings(int64_t d_model, int64_t vocab) : d_model(d_model) {
-  lut = register_module("lut", std::make_shared<Embedding>(vocab, d_model));
+  register_module("lut", lut, std::make_shared<Embedding>(vocab, d_model));
 }
 
 Tensor Embeddings::forward(const Tensor& x) const {
@@ -106,7 +96,7 @@ Tensor Embeddings::forward(const Tensor& x) const {
 PositionalEncoding::PositionalEncoding(int64_t d_model, double dropout_p, int64_t max_len) {
   EMBER_CHECK(d_model > 0 && max_len > 0,
               "PositionalEncoding: d_model {} and max_len {} must be positive", d_model, max_len);
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
   // pe (max_len, D), computed in double (the original computes pos * div_term in float32).
   Tensor table = empty({1, max_len, d_model});
   float* dpe = table.data<float>();
@@ -118,7 +108,7 @@ PositionalEncoding::PositionalEncoding(int64_t d_model, double dropout_p, int64_
       if (i + 1 < d_model) dpe[pos * d_model + i + 1] = static_cast<float>(std::cos(angle));
     }
   }
-  pe = register_buffer("pe", table);
+  register_buffer("pe", pe, table);
 }
 
 Tensor PositionalEncoding::forward(const Tensor& x) const {
@@ -131,8 +121,8 @@ Tensor PositionalEncoding::forward(const Tensor& x) const {
 // --- SublayerConnection, EncoderLayer, Encoder
 
 SublayerConnection::SublayerConnection(int64_t size, double dropout_p) {
-  norm = register_module("norm", std::make_shared<LayerNorm>(size, 1e-6));
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("norm", norm, std::make_shared<LayerNorm>(size, 1e-6));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor SublayerConnection::forward(const Tensor& x, const Sublayer& sublayer) const {
@@ -166,8 +156,8 @@ std::shared_ptr<ModuleList> clones(const Module& layer, int64_t N, std::string_v
 
 template <class Derived, class Layer>
 LayerStack<Derived, Layer>::LayerStack(const Layer& layer, int64_t N, std::string_view who) {
-  layers = this->register_module("layers", clones(layer, N, who));
-  norm = this->register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
+  this->register_module("layers", layers, clones(layer, N, who));
+  this->register_module("norm", norm, std::make_shared<LayerNorm>(layer.size, 1e-6));
 }
 
 template class LayerStack<Encoder, EncoderLayer>;
@@ -176,10 +166,10 @@ template class LayerStack<Decoder, DecoderLayer>;
 EncoderLayer::EncoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn_,
                            std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
     : size(size) {
-  self_attn = register_module("self_attn", checked(self_attn_, "EncoderLayer", "self_attn"));
-  feed_forward =
-      register_module("feed_forward", checked(feed_forward_, "EncoderLayer", "feed_forward"));
-  sublayer = register_module("sublayer", sublayers(size, dropout, 2));
+  register_module("self_attn", self_attn, checked(self_attn_, "EncoderLayer", "self_attn"));
+  register_module("feed_forward", feed_forward,
+                  checked(feed_forward_, "EncoderLayer", "feed_forward"));
+  register_module("sublayer", sublayer, sublayers(size, dropout, 2));
 }
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) const {
@@ -187,12 +177,6 @@ Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) const {
       x, [&](const Tensor& z) { return self_attn->forward(z, z, z, mask); });
   return sublayer->at<SublayerConnection>(1)->forward(
       y, [&](const Tensor& z) { return feed_forward->forward(z); });
-}
-
-void EncoderLayer::rebind(const CloneMap& map) {
-  map(self_attn);
-  map(feed_forward);
-  map(sublayer);
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& mask) const {
@@ -207,11 +191,11 @@ DecoderLayer::DecoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> s
                            std::shared_ptr<MultiHeadedAttention> src_attn_,
                            std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
     : size(size) {
-  self_attn = register_module("self_attn", checked(self_attn_, "DecoderLayer", "self_attn"));
-  src_attn = register_module("src_attn", checked(src_attn_, "DecoderLayer", "src_attn"));
-  feed_forward =
-      register_module("feed_forward", checked(feed_forward_, "DecoderLayer", "feed_forward"));
-  sublayer = register_module("sublayer", sublayers(size, dropout, 3));
+  register_module("self_attn", self_attn, checked(self_attn_, "DecoderLayer", "self_attn"));
+  register_module("src_attn", src_attn, checked(src_attn_, "DecoderLayer", "src_attn"));
+  register_module("feed_forward", feed_forward,
+                  checked(feed_forward_, "DecoderLayer", "feed_forward"));
+  register_module("sublayer", sublayer, sublayers(size, dropout, 3));
 }
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
@@ -225,13 +209,6 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor
       y, [&](const Tensor& z) { return feed_forward->forward(z); });
 }
 
-void DecoderLayer::rebind(const CloneMap& map) {
-  map(self_attn);
-  map(src_attn);
-  map(feed_forward);
-  map(sublayer);
-}
-
 Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                         const Tensor& tgt_mask) const {
   Tensor y = x;
@@ -242,7 +219,7 @@ Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src
 // --- Generator, EncoderDecoder
 
 Generator::Generator(int64_t d_model, int64_t vocab) {
-  proj = register_module("proj", std::make_shared<Linear>(d_model, vocab));
+  register_module("proj", proj, std::make_shared<Linear>(d_model, vocab));
 }
 
 Tensor Generator::forward(const Tensor& x) const { return log_softmax(proj->forward(x), -1); }
@@ -252,11 +229,11 @@ EncoderDecoder::EncoderDecoder(std::shared_ptr<Encoder> encoder_, std::shared_pt
                                std::shared_ptr<Sequential> tgt_embed_,
                                std::shared_ptr<Generator> generator_) {
   const char* who = "EncoderDecoder";
-  encoder = register_module("encoder", checked(encoder_, who, "encoder"));
-  decoder = register_module("decoder", checked(decoder_, who, "decoder"));
-  src_embed = register_module("src_embed", checked(src_embed_, who, "src_embed"));
-  tgt_embed = register_module("tgt_embed", checked(tgt_embed_, who, "tgt_embed"));
-  generator = register_module("generator", checked(generator_, who, "generator"));
+  register_module("encoder", encoder, checked(encoder_, who, "encoder"));
+  register_module("decoder", decoder, checked(decoder_, who, "decoder"));
+  register_module("src_embed", src_embed, checked(src_embed_, who, "src_embed"));
+  register_module("tgt_embed", tgt_embed, checked(tgt_embed_, who, "tgt_embed"));
+  register_module("generator", generator, checked(generator_, who, "generator"));
 }
 
 Tensor EncoderDecoder::encode(const Tensor& src, const Tensor& src_mask) const {
@@ -278,14 +255,6 @@ int64_t EncoderDecoder::d_model() const {
   EMBER_CHECK(embeddings != nullptr, "EncoderDecoder: src_embed[0] is a {}, not Embeddings",
               (*src_embed)[0]->type_name());
   return embeddings->d_model;
-}
-
-void EncoderDecoder::rebind(const CloneMap& map) {
-  map(encoder);
-  map(decoder);
-  map(src_embed);
-  map(tgt_embed);
-  map(generator);
 }
 
 // --- make_model, masks, decoding

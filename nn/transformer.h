@@ -42,7 +42,7 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
   Tensor attn;
 
  protected:
-  void rebind(const CloneMap& map) override;
+  void rebind(const CloneMap& map) override;  // a copy has attended to nothing yet
 };
 
 // w_2(dropout(relu(w_1(x)))): (B, T, D) -> (B, T, D) through d_ff features.
@@ -53,9 +53,6 @@ class PositionwiseFeedForward : public Cloneable<PositionwiseFeedForward> {
 
   std::shared_ptr<Linear> w_1, w_2;
   std::shared_ptr<Dropout> dropout;
-
- protected:
-  void rebind(const CloneMap& map) override;
 };
 
 // lut(x) * sqrt(d_model): Int64 tokens (B, T) -> (B, T, D).
@@ -66,9 +63,6 @@ class Embeddings : public Cloneable<Embeddings> {
 
   std::shared_ptr<Embedding> lut;
   int64_t d_model;
-
- protected:
-  void rebind(const CloneMap& map) override { map(lut); }
 };
 
 // dropout(x + pe[:, :T]) with the sinusoidal table, the buffer pe (1, max_len, D):
@@ -80,12 +74,6 @@ class PositionalEncoding : public Cloneable<PositionalEncoding> {
 
   std::shared_ptr<Dropout> dropout;
   Tensor pe;
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(dropout);
-    map(pe);
-  }
 };
 
 using Sublayer = std::function<Tensor(const Tensor&)>;
@@ -98,12 +86,6 @@ class SublayerConnection : public Cloneable<SublayerConnection> {
 
   std::shared_ptr<LayerNorm> norm;
   std::shared_ptr<Dropout> dropout;
-
- protected:
-  void rebind(const CloneMap& map) override {
-    map(norm);
-    map(dropout);
-  }
 };
 
 // N clones of a layer and a final LayerNorm(size, 1e-6), the part Encoder and Decoder share
@@ -118,10 +100,6 @@ class LayerStack : public Cloneable<Derived> {
 
  protected:
   LayerStack(const Layer& layer, int64_t N, std::string_view who);
-  void rebind(const CloneMap& map) override {
-    map(layers);
-    map(norm);
-  }
 };
 
 // Self-attention then feed-forward, each in a SublayerConnection.
@@ -136,9 +114,6 @@ class EncoderLayer : public Cloneable<EncoderLayer> {
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 2 x SublayerConnection
   int64_t size;
-
- protected:
-  void rebind(const CloneMap& map) override;
 };
 
 class Encoder : public LayerStack<Encoder, EncoderLayer> {
@@ -161,9 +136,6 @@ class DecoderLayer : public Cloneable<DecoderLayer> {
   std::shared_ptr<MultiHeadedAttention> self_attn, src_attn;
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 3 x SublayerConnection
-
- protected:
-  void rebind(const CloneMap& map) override;
 };
 
 class Decoder : public LayerStack<Decoder, DecoderLayer> {
@@ -180,9 +152,6 @@ class Generator : public Cloneable<Generator> {
   Tensor forward(const Tensor& x) const;
 
   std::shared_ptr<Linear> proj;
-
- protected:
-  void rebind(const CloneMap& map) override { map(proj); }
 };
 
 // The standard encoder-decoder; src_embed and tgt_embed are Sequential(Embeddings,
@@ -207,9 +176,6 @@ class EncoderDecoder : public Cloneable<EncoderDecoder> {
   std::shared_ptr<Decoder> decoder;
   std::shared_ptr<Sequential> src_embed, tgt_embed;
   std::shared_ptr<Generator> generator;
-
- protected:
-  void rebind(const CloneMap& map) override;
 };
 
 // The full model, LayerNorm(d_model, 1e-6) everywhere and xavier_uniform_ on every parameter of
