@@ -14,6 +14,10 @@ class Linear : public Cloneable<Linear> {
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias is undefined without one
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Linear(const Linear&) = default;
 };
 
 // Rows of weight (num_embeddings, embedding_dim) ~ N(0, 1) picked by Int64 indices.
@@ -24,6 +28,10 @@ class Embedding : public Cloneable<Embedding> {
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Embedding(const Embedding&) = default;
 };
 
 // torch.nn.LayerNorm over the last dim: (x - mean) / sqrt(biased var + eps) * weight + bias,
@@ -36,6 +44,10 @@ class LayerNorm : public Cloneable<LayerNorm> {
   int64_t features;
   double eps;
   Tensor weight, bias;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  LayerNorm(const LayerNorm&) = default;
 };
 
 // Inverted dropout with probability p while training; the identity in eval().
@@ -45,6 +57,10 @@ class Dropout : public Cloneable<Dropout> {
   Tensor forward(const Tensor& x) const;
 
   double p;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Dropout(const Dropout&) = default;
 };
 
 }  // namespace ember::nn

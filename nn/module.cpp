@@ -20,6 +20,8 @@ void CloneMap::operator()(Tensor& t) const {
 
 namespace {
 
+thread_local int copy_scopes = 0;  // CopyScopes alive on this thread
+
 void repoint_tensor(void* member, const CloneMap& map) { map(*static_cast<Tensor*>(member)); }
 
 // The address offset bytes past m.
@@ -30,6 +32,21 @@ std::uintptr_t address_in(const Module& m, std::ptrdiff_t offset) {
 }  // namespace
 
 Module::~Module() = default;
+
+Module::CopyScope::CopyScope() { ++copy_scopes; }
+Module::CopyScope::~CopyScope() { --copy_scopes; }
+
+Module::Module(const Module& other)
+    : parameters_(other.parameters_),
+      buffers_(other.buffers_),
+      children_(other.children_),
+      members_(other.members_),
+      training_(other.training_) {
+  EMBER_CHECK(copy_scopes > 0,
+              "{}: a module cannot be copied (the copy would share the original's tensors and "
+              "children); use clone()",
+              other.type_name());
+}
 
 std::string Module::type_name() const {
   const char* mangled = typeid(*this).name();

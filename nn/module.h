@@ -14,6 +14,13 @@
 // which runs last. If a member still shares a registered tensor or child with the original after
 // that (registered without naming the member, and not rebound), clone() throws naming it, so a
 // forgotten handle fails loudly instead of silently tying two layers together.
+//
+// Note [Modules are not copyable]
+// A plain copy of a module would share the original's tensors and children (its members alias
+// them), so clone() is the only copy. Every library module declares its copy constructor private,
+// for Cloneable alone (`friend Cloneable;`), which makes `nn::Linear b = a;` a compile error. The
+// language gives each class a public copy constructor unless it declares one, so a user module
+// that does not is refused at run time instead: Module's copy constructor throws outside clone().
 #pragma once
 
 #include <cstddef>
@@ -84,7 +91,17 @@ class Module {
   std::string type_name() const;
 
  protected:
-  Module(const Module&) = default;  // for Cloneable only: members alias until rebind
+  // For Cloneable::clone only, inside a CopyScope; throws elsewhere (Note [Modules are not
+  // copyable]). The copy's members alias the original's until finish_clone.
+  Module(const Module& other);
+  // Permits Module copies on this thread while it lives.
+  class CopyScope {
+   public:
+    CopyScope();
+    ~CopyScope();
+    CopyScope(const CopyScope&) = delete;
+    CopyScope& operator=(const CopyScope&) = delete;
+  };
   // Registers a floating leaf as a parameter and sets its requires_grad; returns the same handle.
   Tensor register_parameter(std::string name, Tensor t);
   // Registers a tensor saved with the module but not trained (e.g. a positional table).
@@ -147,9 +164,12 @@ class Cloneable : public Module {
  public:
   std::shared_ptr<Module> clone() const override {
     const std::vector<long> counts = registry_use_counts();
-    return finish_clone(*this, counts,
-                        std::make_shared<Derived>(static_cast<const Derived&>(*this)),
-                        sizeof(Derived));
+    std::shared_ptr<Derived> copy;
+    {
+      const CopyScope scope;
+      copy.reset(new Derived(static_cast<const Derived&>(*this)));  // maybe private: no make_shared
+    }
+    return finish_clone(*this, counts, std::move(copy), sizeof(Derived));
   }
 
   // (D stands for Derived, named so that the return type waits for the call, when Derived is
@@ -185,6 +205,10 @@ class ModuleList : public Cloneable<ModuleList> {
   // The modules, read from the registry (an elements_view iterator holds only the vector's).
   auto begin() const { return std::views::values(named_children()).begin(); }
   auto end() const { return std::views::values(named_children()).end(); }
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  ModuleList(const ModuleList&) = default;
 };
 
 // Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential.
@@ -211,6 +235,9 @@ class Sequential : public Cloneable<Sequential> {
   Tensor forward(const Tensor& x) const;
 
  private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Sequential(const Sequential&) = default;
+
   std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // module i's forward, typed
 };
 

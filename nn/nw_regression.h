@@ -20,6 +20,10 @@ class NWKernelRegression : public Cloneable<NWKernelRegression> {
 
  protected:
   void rebind(const CloneMap& map) override;  // a copy owns its attention_weights too
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  NWKernelRegression(const NWKernelRegression&) = default;
 };
 
 }  // namespace ember::nn

@@ -43,6 +43,10 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
 
  protected:
   void rebind(const CloneMap& map) override;  // a copy has attended to nothing yet
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  MultiHeadedAttention(const MultiHeadedAttention&) = default;
 };
 
 // w_2(dropout(relu(w_1(x)))): (B, T, D) -> (B, T, D) through d_ff features.
@@ -53,6 +57,10 @@ class PositionwiseFeedForward : public Cloneable<PositionwiseFeedForward> {
 
   std::shared_ptr<Linear> w_1, w_2;
   std::shared_ptr<Dropout> dropout;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  PositionwiseFeedForward(const PositionwiseFeedForward&) = default;
 };
 
 // lut(x) * sqrt(d_model): Int64 tokens (B, T) -> (B, T, D).
@@ -63,6 +71,10 @@ class Embeddings : public Cloneable<Embeddings> {
 
   std::shared_ptr<Embedding> lut;
   int64_t d_model;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Embeddings(const Embeddings&) = default;
 };
 
 // dropout(x + pe[:, :T]) with the sinusoidal table, the buffer pe (1, max_len, D):
@@ -74,6 +86,10 @@ class PositionalEncoding : public Cloneable<PositionalEncoding> {
 
   std::shared_ptr<Dropout> dropout;
   Tensor pe;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  PositionalEncoding(const PositionalEncoding&) = default;
 };
 
 using Sublayer = std::function<Tensor(const Tensor&)>;
@@ -86,6 +102,10 @@ class SublayerConnection : public Cloneable<SublayerConnection> {
 
   std::shared_ptr<LayerNorm> norm;
   std::shared_ptr<Dropout> dropout;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  SublayerConnection(const SublayerConnection&) = default;
 };
 
 // N clones of a layer and a final LayerNorm(size, 1e-6), the part Encoder and Decoder share
@@ -114,12 +134,20 @@ class EncoderLayer : public Cloneable<EncoderLayer> {
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 2 x SublayerConnection
   int64_t size;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  EncoderLayer(const EncoderLayer&) = default;
 };
 
 class Encoder : public LayerStack<Encoder, EncoderLayer> {
  public:
   Encoder(const EncoderLayer& layer, int64_t N) : LayerStack(layer, N, "Encoder") {}
   Tensor forward(const Tensor& x, const Tensor& mask) const;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Encoder(const Encoder&) = default;
 };
 
 // Masked self-attention, source attention over the encoder's memory, feed-forward.
@@ -136,6 +164,10 @@ class DecoderLayer : public Cloneable<DecoderLayer> {
   std::shared_ptr<MultiHeadedAttention> self_attn, src_attn;
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 3 x SublayerConnection
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  DecoderLayer(const DecoderLayer&) = default;
 };
 
 class Decoder : public LayerStack<Decoder, DecoderLayer> {
@@ -143,6 +175,10 @@ class Decoder : public LayerStack<Decoder, DecoderLayer> {
   Decoder(const DecoderLayer& layer, int64_t N) : LayerStack(layer, N, "Decoder") {}
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Decoder(const Decoder&) = default;
 };
 
 // log_softmax(proj(x), -1): (B, T, D) -> (B, T, V) log-probabilities.
@@ -152,6 +188,10 @@ class Generator : public Cloneable<Generator> {
   Tensor forward(const Tensor& x) const;
 
   std::shared_ptr<Linear> proj;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Generator(const Generator&) = default;
 };
 
 // The standard encoder-decoder; src_embed and tgt_embed are Sequential(Embeddings,
@@ -176,6 +216,10 @@ class EncoderDecoder : public Cloneable<EncoderDecoder> {
   std::shared_ptr<Decoder> decoder;
   std::shared_ptr<Sequential> src_embed, tgt_embed;
   std::shared_ptr<Generator> generator;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  EncoderDecoder(const EncoderDecoder&) = default;
 };
 
 // The full model, LayerNorm(d_model, 1e-6) everywhere and xavier_uniform_ on every parameter of

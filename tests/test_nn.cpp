@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <type_traits>
 
 #include "helpers.h"
 #include "nn_modules.h"
@@ -41,6 +42,17 @@ struct Wider : Affine {
 struct Plain : nn::Module {
   Plain() { register_parameter("w", zeros({2})); }
 };
+
+// Note [Modules are not copyable]: no library module can be copied or moved except by clone().
+template <class... Ms>
+constexpr bool none_copyable = (... && (!std::is_copy_constructible_v<Ms> &&
+                                        !std::is_move_constructible_v<Ms>));
+static_assert(
+    none_copyable<nn::ModuleList, nn::Sequential, nn::Linear, nn::Embedding, nn::LayerNorm,
+                  nn::Dropout, nn::MultiHeadedAttention, nn::PositionwiseFeedForward,
+                  nn::Embeddings, nn::PositionalEncoding, nn::SublayerConnection, nn::EncoderLayer,
+                  nn::Encoder, nn::DecoderLayer, nn::Decoder, nn::Generator, nn::EncoderDecoder,
+                  nn::NWKernelRegression>);
 
 }  // namespace
 
@@ -168,6 +180,10 @@ BOOST_AUTO_TEST_CASE(clone_checks_members_and_cloneability) {
   expect_error([&] { stray.clone(); }, {"clone", "Stray", "'w'", "data member"});
   Wider wider;
   expect_error([&] { wider.clone(); }, {"clone", "Wider", "Affine", "Cloneable"});
+  // A user module keeps the public copy constructor C++ gives it; using it throws.
+  Affine affine(2);
+  expect_error([&] { [[maybe_unused]] const Affine copy = affine; },
+               {"Affine", "cannot be copied", "clone()"});
   Plain p;
   expect_error([&] { p.clone(); }, {"clone", "Plain", "Cloneable"});
   Open holder;
