@@ -1,5 +1,6 @@
-// The Annotated Transformer's modules, make_model, subsequent_mask and greedy_decode. Each
-// forward is the original's, line for line; see nn/transformer.h for shapes and names.
+// The Annotated Transformer's modules, make_model, subsequent_mask, greedy_decode, Batch and
+// LabelSmoothing. Each forward is the original's, line for line; see nn/transformer.h for shapes
+// and names.
 #include "nn/transformer.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "ops/elementwise.h"
 #include "ops/index.h"
 #include "ops/linalg.h"
+#include "ops/loss.h"
 #include "ops/nn_functional.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
@@ -301,6 +303,65 @@ Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src
     ys = cat({ys, next_word.unsqueeze(1)}, 1);
   }
   return ys;
+}
+
+// --- Batch, LabelSmoothing
+
+Batch::Batch(Tensor src_, const Tensor& tgt_, int64_t pad) : src(std::move(src_)) {
+  EMBER_CHECK(src.defined() && src.dim() == 2 && src.dtype() == kInt64,
+              "Batch: src must be Int64 (batch, len), got {}",
+              src.defined() ? fmt::format("{} of shape {}", src.dtype(), src.shape()) : "none");
+  src_mask = src.ne(static_cast<double>(pad)).unsqueeze(-2);
+  if (!tgt_.defined()) return;
+  EMBER_CHECK(
+      tgt_.dim() == 2 && tgt_.dtype() == kInt64 && tgt_.size(1) >= 2 && tgt_.size(0) == src.size(0),
+      "Batch: tgt must be Int64 (batch {}, len >= 2), got {} of shape {}", src.size(0),
+      tgt_.dtype(), tgt_.shape());
+  const int64_t T = tgt_.size(1) - 1;
+  tgt = tgt_.narrow(1, 0, T);
+  tgt_y = tgt_.narrow(1, 1, T);
+  tgt_mask = make_std_mask(tgt, pad);
+  ntokens = 0;
+  for (int64_t token : tgt_y.to_vector<int64_t>()) ntokens += token != pad;
+}
+
+Tensor Batch::make_std_mask(const Tensor& tgt, int64_t pad) {
+  return logical_and(tgt.ne(static_cast<double>(pad)).unsqueeze(-2), subsequent_mask(tgt.size(-1)));
+}
+
+LabelSmoothing::LabelSmoothing(int64_t size, int64_t padding_idx, double smoothing)
+    : size(size), padding_idx(padding_idx), confidence(1.0 - smoothing), smoothing(smoothing) {
+  EMBER_CHECK(size > 2 && padding_idx >= 0 && padding_idx < size,
+              "LabelSmoothing: need size > 2 and 0 <= padding_idx < size, got {} and {}", size,
+              padding_idx);
+  EMBER_CHECK(smoothing >= 0 && smoothing <= 1,
+              "LabelSmoothing: smoothing must be in [0, 1], got {}", smoothing);
+}
+
+Tensor LabelSmoothing::forward(const Tensor& x, const Tensor& target) {
+  EMBER_CHECK(x.dim() == 2 && x.size(1) == size,
+              "LabelSmoothing: input {} must be (N, {}) log-probabilities", x.shape(), size);
+  EMBER_CHECK(target.dtype() == kInt64 && target.shape() == Shape{x.size(0)},
+              "LabelSmoothing: target {} of shape {} must be Int64 ({})", target.dtype(),
+              target.shape(), x.size(0));
+  // true_dist (N, size): smoothing / (size - 2) everywhere, confidence at the target, 0 in the
+  // padding column and in rows whose target is padding.
+  const int64_t N = x.size(0);
+  true_dist = full({N, size}, smoothing / static_cast<double>(size - 2), x.dtype());
+  const std::vector<int64_t> t = target.to_vector<int64_t>();
+  dispatch_float(x.dtype(), "LabelSmoothing", [&]<class T>() {
+    T* d = true_dist.data<T>();
+    for (int64_t n = 0; n < N; ++n) {
+      EMBER_CHECK(t[n] >= 0 && t[n] < size, "LabelSmoothing: target {} out of range for {} classes",
+                  t[n], size);
+      T* row = d + n * size;
+      row[t[n]] = static_cast<T>(confidence);
+      row[padding_idx] = T(0);
+      if (t[n] == padding_idx)
+        for (int64_t c = 0; c < size; ++c) row[c] = T(0);
+    }
+  });
+  return kl_div(x, true_dist, Reduction::Sum);
 }
 
 }  // namespace ember::nn

@@ -1,6 +1,9 @@
 // The Annotated Transformer (Rush et al., harvardnlp), module for module and with the original's
 // names, so a PyTorch state dict of it maps one to one onto named_parameters():
 // `encoder.layers.0.self_attn.linears.0.weight`, `src_embed.0.lut.weight`, buffer `src_embed.1.pe`.
+// Also the training pieces any user of the model reuses: Batch (masks and the shifted target) and
+// LabelSmoothing (the KL criterion); a task's own data and loss loop stay with its program (the
+// copy task's in examples/copy_task.h).
 // One documented difference (SPEC.md B.4): LayerNorm is torch.nn.LayerNorm's,
 // (x - mean) / sqrt(biased var + eps), with `weight`/`bias`, where the original divides by
 // (unbiased std + eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
@@ -8,6 +11,7 @@
 // Shapes: B batch, S source length, T target length, D d_model, h heads, d_k = D / h, V vocab.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -235,5 +239,36 @@ Tensor subsequent_mask(int64_t size);
 // far and appends the most likely next one -> Int64 (B, max_len), starting with start_symbol.
 Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src_mask,
                      int64_t max_len, int64_t start_symbol);
+
+// One batch of Int64 src (B, S) and tgt (B, T + 1) with padding `pad`:
+//   src_mask (B, 1, S)  true at non-pad source tokens;
+//   tgt      (B, T)     tgt without its last token (the decoder input, shifted right);
+//   tgt_y    (B, T)     tgt without its first token (what the decoder predicts);
+//   tgt_mask (B, T, T)  non-pad target tokens that are not in the future;
+//   ntokens             non-pad tokens of tgt_y.
+// Without tgt, only src and src_mask are set.
+struct Batch {
+  explicit Batch(Tensor src, const Tensor& tgt = {}, int64_t pad = 2);
+  // (tgt != pad).unsqueeze(-2) & subsequent_mask(T).
+  static Tensor make_std_mask(const Tensor& tgt, int64_t pad);
+
+  Tensor src, src_mask, tgt, tgt_y, tgt_mask;
+  int64_t ntokens = 0;
+};
+
+// KL divergence (summed) of log-probabilities x (N, size) against the smoothed target
+// distribution: `confidence` = 1 - smoothing on the target class, smoothing / (size - 2) on each
+// other class but padding_idx, and an all-zero row where the target is padding_idx.
+class LabelSmoothing {
+ public:
+  LabelSmoothing(int64_t size, int64_t padding_idx, double smoothing = 0.0);
+  // x (N, size) log-probabilities, target (N) Int64 -> scalar loss.
+  Tensor forward(const Tensor& x, const Tensor& target);
+  Tensor operator()(const Tensor& x, const Tensor& target) { return forward(x, target); }
+
+  int64_t size, padding_idx;
+  double confidence, smoothing;
+  Tensor true_dist;  // the last target distribution (N, size)
+};
 
 }  // namespace ember::nn
