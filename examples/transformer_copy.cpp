@@ -2,9 +2,11 @@
 // learns to reproduce random sequences `1 x x x x x x x x x`. The steps follow the original's
 // notebook: make_model, LabelSmoothing, Adam with the `rate` schedule, run_epoch over data_gen
 // batches (train, then evaluate), then greedy_decode. Ember decodes `1 2 ... 10` from start symbol
-// 1 (the 2018 edition's convention, SPEC.md part B), then measures exact copies over fresh
-// sequences, draws the loss curve and the attention maps, and writes everything to --out. The
-// task's data_gen and SimpleLossCompute are in examples/copy_task.h.
+// 1 (the 2018 edition's convention, the symbol training puts first; the 2022 edition decodes
+// `0 ... 9` from start symbol 0, a token the decoder never sees first in training, and goes wrong
+// right after the start: harvardnlp/annotated-transformer issue 127), then measures exact copies
+// over fresh sequences, draws the loss curve and the attention maps, and writes everything to
+// --out. The task's data_gen and SimpleLossCompute are in examples/copy_task.h.
 //
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"

@@ -1,4 +1,5 @@
-// NWKernelRegression: D2L's forward, line for line (SPEC.md A.6), on Ember's ops.
+// NWKernelRegression: D2L's forward (section "Attention Pooling: Nadaraya-Watson Kernel
+// Regression"), line for line, on Ember's ops.
 #include "nn/nw_regression.h"
 
 #include "graph/random.h"

@@ -4,9 +4,9 @@
 // Also the training pieces any user of the model reuses: Batch (masks and the shifted target) and
 // LabelSmoothing (the KL criterion); a task's own data and loss loop stay with its program (the
 // copy task's in examples/copy_task.h).
-// One documented difference (SPEC.md B.4): LayerNorm is torch.nn.LayerNorm's,
-// (x - mean) / sqrt(biased var + eps), with `weight`/`bias`, where the original divides by
-// (unbiased std + eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
+// One deliberate difference: LayerNorm is torch.nn.LayerNorm's, (x - mean) / sqrt(biased var +
+// eps), with `weight`/`bias`, where the original's hand-written one divides by (unbiased std +
+// eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
 //
 // Shapes: B batch, S source length, T target length, D d_model, h heads, d_k = D / h, V vocab.
 #pragma once
