@@ -3,12 +3,12 @@
 // fixed batch of the copy task's kind (rows from randint(1, V), the first token 1, pad 0). The
 // PyTorch twin is transformer_step in bench/pytorch/bench_torch.py. This file registers its
 // workloads itself when the program starts; bench/CMakeLists.txt builds it only where the
-// transformer (nn/copy_task.h) exists.
+// copy task's pieces (examples/copy_task.h) exist.
 #include <fmt/format.h>
 
 #include "bench/harness.h"
 #include "ember.h"
-#include "nn/copy_task.h"
+#include "examples/copy_task.h"
 
 namespace ember::bench {
 
@@ -35,12 +35,12 @@ struct Trainer {
   std::unique_ptr<nn::LabelSmoothing> criterion;
   std::unique_ptr<optim::Adam> optimizer;
   std::unique_ptr<optim::LambdaLR> scheduler;
-  std::unique_ptr<nn::SimpleLossCompute> loss_compute;
+  std::unique_ptr<copy_task::SimpleLossCompute> loss_compute;
   std::unique_ptr<nn::Batch> batch;
 
   void step() {
     const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
-    const nn::LossOutput loss = (*loss_compute)(out, batch->tgt_y, batch->ntokens);
+    const copy_task::LossOutput loss = (*loss_compute)(out, batch->tgt_y, batch->ntokens);
     loss.loss.backward();
     optimizer->step();
     optimizer->zero_grad();
@@ -60,7 +60,8 @@ std::function<void()> make_step(Config c, bool tiny) {
   const int64_t d_model = c.d_model;
   t->scheduler = std::make_unique<optim::LambdaLR>(
       *t->optimizer, [d_model](int64_t step) { return optim::rate(step, d_model, 1.0, 400); });
-  t->loss_compute = std::make_unique<nn::SimpleLossCompute>(*t->model->generator, *t->criterion);
+  t->loss_compute =
+      std::make_unique<copy_task::SimpleLossCompute>(*t->model->generator, *t->criterion);
   Tensor data = randint(1, c.V, {c.batch, c.length});
   data.narrow(1, 0, 1).fill_(1);
   t->batch = std::make_unique<nn::Batch>(data.clone(), data.clone(), 0);

@@ -10,14 +10,11 @@ using namespace ember;
 
 struct MLP : nn::Cloneable<MLP> {
   MLP(int64_t in, int64_t hidden, int64_t out) {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(in, hidden));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, out));
+    register_module("fc1", fc1, std::make_shared<nn::Linear>(in, hidden));
+    register_module("fc2", fc2, std::make_shared<nn::Linear>(hidden, out));
   }
   Tensor forward(const Tensor& x) const { return fc2->forward(relu(fc1->forward(x))); }
   std::shared_ptr<nn::Linear> fc1, fc2;
-
- protected:
-  void rebind(const nn::CloneMap& map) override { map(fc1), map(fc2); }  // for clone()
 };
 
 int main(int argc, char** argv) {

@@ -15,10 +15,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_f
               out);
   // torch: kaiming_uniform_(a=sqrt(5)) for the weight, which is U(-1/sqrt(in), 1/sqrt(in)).
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  weight = register_parameter("weight", empty({out, in}));
+  register_parameter("weight", weight, empty({out, in}));
   init::uniform_(weight, -bound, bound);
   if (with_bias) {
-    bias = register_parameter("bias", empty({out}));
+    register_parameter("bias", bias, empty({out}));
     init::uniform_(bias, -bound, bound);
   }
 }
@@ -28,7 +28,7 @@ Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); 
 Embedding::Embedding(int64_t num, int64_t dim) : num_embeddings(num), embedding_dim(dim) {
   EMBER_CHECK(num > 0 && dim > 0,
               "Embedding: num_embeddings {} and embedding_dim {} must be positive", num, dim);
-  weight = register_parameter("weight", empty({num, dim}));
+  register_parameter("weight", weight, empty({num, dim}));
   init::normal_(weight, 0.0, 1.0);
 }
 
@@ -37,8 +37,8 @@ Tensor Embedding::forward(const Tensor& indices) const { return embedding(weight
 LayerNorm::LayerNorm(int64_t features, double eps) : features(features), eps(eps) {
   EMBER_CHECK(features > 0, "LayerNorm: features must be positive, got {}", features);
   EMBER_CHECK(eps >= 0, "LayerNorm: eps must be non-negative, got {}", eps);
-  weight = register_parameter("weight", ones({features}));
-  bias = register_parameter("bias", zeros({features}));
+  register_parameter("weight", weight, ones({features}));
+  register_parameter("bias", bias, zeros({features}));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {

@@ -11,16 +11,13 @@ class Linear : public Cloneable<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias is undefined without one
 
- protected:
-  void rebind(const CloneMap& map) override {
-    map(weight);
-    map(bias);
-  }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Linear(const Linear&) = default;
 };
 
 // Rows of weight (num_embeddings, embedding_dim) ~ N(0, 1) picked by Int64 indices.
@@ -28,13 +25,13 @@ class Embedding : public Cloneable<Embedding> {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   Tensor forward(const Tensor& indices) const;
-  Tensor operator()(const Tensor& indices) const { return forward(indices); }
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;
 
- protected:
-  void rebind(const CloneMap& map) override { map(weight); }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Embedding(const Embedding&) = default;
 };
 
 // torch.nn.LayerNorm over the last dim: (x - mean) / sqrt(biased var + eps) * weight + bias,
@@ -43,17 +40,14 @@ class LayerNorm : public Cloneable<LayerNorm> {
  public:
   explicit LayerNorm(int64_t features, double eps = 1e-5);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   int64_t features;
   double eps;
   Tensor weight, bias;
 
- protected:
-  void rebind(const CloneMap& map) override {
-    map(weight);
-    map(bias);
-  }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  LayerNorm(const LayerNorm&) = default;
 };
 
 // Inverted dropout with probability p while training; the identity in eval().
@@ -61,9 +55,12 @@ class Dropout : public Cloneable<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   double p;
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Dropout(const Dropout&) = default;
 };
 
 }  // namespace ember::nn

@@ -3,6 +3,7 @@
 
 #include <cxxabi.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <typeinfo>
 #include <unordered_set>
@@ -17,7 +18,35 @@ void CloneMap::operator()(Tensor& t) const {
   if (it != tensors_.end()) t = it->second;
 }
 
+namespace {
+
+thread_local int copy_scopes = 0;  // CopyScopes alive on this thread
+
+void repoint_tensor(void* member, const CloneMap& map) { map(*static_cast<Tensor*>(member)); }
+
+// The address offset bytes past m.
+std::uintptr_t address_in(const Module& m, std::ptrdiff_t offset) {
+  return reinterpret_cast<std::uintptr_t>(&m) + static_cast<std::uintptr_t>(offset);
+}
+
+}  // namespace
+
 Module::~Module() = default;
+
+Module::CopyScope::CopyScope() { ++copy_scopes; }
+Module::CopyScope::~CopyScope() { --copy_scopes; }
+
+Module::Module(const Module& other)
+    : parameters_(other.parameters_),
+      buffers_(other.buffers_),
+      children_(other.children_),
+      members_(other.members_),
+      training_(other.training_) {
+  EMBER_CHECK(copy_scopes > 0,
+              "{}: a module cannot be copied (the copy would share the original's tensors and "
+              "children); use clone()",
+              other.type_name());
+}
 
 std::string Module::type_name() const {
   const char* mangled = typeid(*this).name();
@@ -63,6 +92,25 @@ Tensor Module::register_buffer(std::string name, Tensor t) {
   EMBER_CHECK(t.defined(), "register_buffer: '{}' is an undefined tensor", name);
   buffers_.emplace_back(std::move(name), t);
   return t;
+}
+
+Tensor& Module::register_parameter(std::string name, Tensor& member, Tensor t) {
+  member = register_parameter(name, std::move(t));
+  add_member(std::move(name), &member, repoint_tensor);
+  return member;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor& member, Tensor t) {
+  member = register_buffer(name, std::move(t));
+  add_member(std::move(name), &member, repoint_tensor);
+  return member;
+}
+
+void Module::add_member(std::string name, const void* member,
+                        void (*repoint)(void* member, const CloneMap& map)) {
+  const auto offset = static_cast<std::ptrdiff_t>(reinterpret_cast<std::uintptr_t>(member) -
+                                                  reinterpret_cast<std::uintptr_t>(this));
+  members_.push_back({std::move(name), offset, repoint});
 }
 
 void Module::add_child(std::string name, std::shared_ptr<Module> m) {
@@ -179,7 +227,13 @@ std::vector<long> Module::registry_use_counts() const {
 
 std::shared_ptr<Module> Module::finish_clone(const Module& original,
                                              const std::vector<long>& use_counts_before,
-                                             std::shared_ptr<Module> copy) {
+                                             std::shared_ptr<Module> copy, size_t object_size) {
+  // Cloneable<Base>::clone of a class derived from Base would copy only its Base part.
+  EMBER_CHECK(typeid(original) == typeid(*copy),
+              "clone: a {} cannot be cloned as the {} it derives from (the copy would lose what {} "
+              "adds); derive {} from nn::Cloneable<{}> instead",
+              original.type_name(), copy->type_name(), original.type_name(), original.type_name(),
+              original.type_name());
   NoGradGuard no_grad;
   CloneMap map;
   const auto deep_copy = [&](Tensor& t) {
@@ -199,6 +253,15 @@ std::shared_ptr<Module> Module::finish_clone(const Module& original,
     if (fresh) it->second = child->clone();
     child = it->second;
   }
+  // Registered members lie inside the object; anything else would be written at random.
+  const auto begin = reinterpret_cast<std::uintptr_t>(dynamic_cast<const void*>(&original));
+  for (const Member& m : original.members_) {
+    const std::uintptr_t at = address_in(original, m.offset);
+    EMBER_CHECK(at >= begin && at < begin + object_size,
+                "clone: {} registered '{}' with a handle that is not one of its data members",
+                original.type_name(), m.name);
+    m.repoint(reinterpret_cast<void*>(address_in(*copy, m.offset)), map);
+  }
   copy->rebind(map);
 
   // A handle of the original that gained an owner is still held by a member of the copy.
@@ -210,8 +273,9 @@ std::shared_ptr<Module> Module::finish_clone(const Module& original,
                               : i < np + nb ? original.buffers_[i - np].first
                                             : original.children_[i - np - nb].first;
     throw Error(fmt::format(
-        "clone: a member of the copy of {} still shares '{}' with the original; point it at the "
-        "copy in {}::rebind (map(member);)",
+        "clone: a member of the copy of {} still shares '{}' with the original; register it "
+        "with its member (register_parameter(name, member, tensor)) or point it at the copy in "
+        "{}::rebind (map(member);)",
         original.type_name(), what, original.type_name()));
   }
   return copy;
@@ -224,36 +288,26 @@ ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) {
 }
 
 void ModuleList::push_back(std::shared_ptr<Module> m) {
-  EMBER_CHECK(m != nullptr, "ModuleList: cannot add a null module at {}", items_.size());
-  items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+  EMBER_CHECK(m != nullptr, "ModuleList: cannot add a null module at {}", size());
+  register_module(std::to_string(size()), std::move(m));
 }
 
 const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
-  EMBER_CHECK(i < items_.size(), "ModuleList: index {} out of range for {} modules", i,
-              items_.size());
-  return items_[i];
-}
-
-void ModuleList::rebind(const CloneMap& map) {
-  for (auto& m : items_) map(m);
+  EMBER_CHECK(i < size(), "ModuleList: index {} out of range for {} modules", i, size());
+  return named_children()[i].second;
 }
 
 // --- Sequential
 
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
-  EMBER_CHECK(i < items_.size(), "Sequential: index {} out of range for {} modules", i,
-              items_.size());
-  return items_[i];
+  EMBER_CHECK(i < size(), "Sequential: index {} out of range for {} modules", i, size());
+  return named_children()[i].second;
 }
 
 Tensor Sequential::forward(const Tensor& x) const {
   Tensor y = x;
-  for (size_t i = 0; i < items_.size(); ++i) y = calls_[i](*items_[i], y);
+  for (size_t i = 0; i < size(); ++i) y = calls_[i](*named_children()[i].second, y);
   return y;
-}
-
-void Sequential::rebind(const CloneMap& map) {
-  for (auto& m : items_) map(m);
 }
 
 }  // namespace ember::nn

@@ -6,15 +6,28 @@
 // Note [Cloning modules]
 // clone() is PyTorch's copy.deepcopy. A module derives from Cloneable<Derived>, whose clone()
 // copy-constructs Derived (its members then alias the original's tensors and children), gives the
-// copy's registry new storage and cloned children, and finally calls the virtual rebind(map), in
-// which a module points each member handle at the copy's version: `map(weight); map(bias);`.
-// Modules whose only handles live in the registry need no rebind. If a member still shares a
-// registered tensor or child with the original after rebind, clone() throws naming it, so a
-// forgotten line fails loudly instead of silently tying two layers together.
+// copy's registry new storage and cloned children, and points the copy's members at them. A module
+// names the member when it registers: `register_parameter("weight", weight, t)` sets `weight` and
+// records where it sits in the object (its offset from the Module base, the same in every object
+// of the class), which is how clone() finds the copy's `weight`. State the registry does not hold
+// (the last attention map, handles kept in a vector) is the business of the virtual rebind(map),
+// which runs last. If a member still shares a registered tensor or child with the original after
+// that (registered without naming the member, and not rebound), clone() throws naming it, so a
+// forgotten handle fails loudly instead of silently tying two layers together.
+//
+// Note [Modules are not copyable]
+// A plain copy of a module would share the original's tensors and children (its members alias
+// them), so clone() is the only copy. Every library module declares its copy constructor private,
+// for Cloneable alone (`friend Cloneable;`), which makes `nn::Linear b = a;` a compile error. The
+// language gives each class a public copy constructor unless it declares one, so a user module
+// that does not is refused at run time instead: Module's copy constructor throws outside clone().
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <ranges>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -61,7 +74,7 @@ class Module {
   // Parameters and buffers under every name (shared tensors repeat), in PyTorch's state_dict
   // order: a module's parameters, then its buffers, then each child's. What save() writes.
   NamedTensors state_dict() const;
-  NamedModules named_children() const { return children_; }
+  const NamedModules& named_children() const { return children_; }
   // This module ("") and every descendant, depth first.
   std::vector<std::pair<std::string, const Module*>> named_modules() const;
 
@@ -78,7 +91,17 @@ class Module {
   std::string type_name() const;
 
  protected:
-  Module(const Module&) = default;  // for Cloneable only: members alias until rebind
+  // For Cloneable::clone only, inside a CopyScope; throws elsewhere (Note [Modules are not
+  // copyable]). The copy's members alias the original's until finish_clone.
+  Module(const Module& other);
+  // Permits Module copies on this thread while it lives.
+  class CopyScope {
+   public:
+    CopyScope();
+    ~CopyScope();
+    CopyScope(const CopyScope&) = delete;
+    CopyScope& operator=(const CopyScope&) = delete;
+  };
   // Registers a floating leaf as a parameter and sets its requires_grad; returns the same handle.
   Tensor register_parameter(std::string name, Tensor t);
   // Registers a tensor saved with the module but not trained (e.g. a positional table).
@@ -88,35 +111,78 @@ class Module {
     add_child(std::move(name), m);
     return m;
   }
-  // Points member handles at the copy's tensors and children; see Note [Cloning modules].
+  // The same, also setting the data member `member` to the registered handle, which clone() then
+  // points at the copy's version; see Note [Cloning modules].
+  Tensor& register_parameter(std::string name, Tensor& member, Tensor t);
+  Tensor& register_buffer(std::string name, Tensor& member, Tensor t);
+  template <class M>
+  std::shared_ptr<M>& register_module(std::string name, std::shared_ptr<M>& member,
+                                      std::type_identity_t<std::shared_ptr<M>> m) {
+    member = register_module(name, std::move(m));
+    add_member(std::move(name), &member, [](void* slot, const CloneMap& map) {
+      map(*static_cast<std::shared_ptr<M>*>(slot));
+    });
+    return member;
+  }
+  // Points the handles the registry does not know at the copy's versions, or resets them; see
+  // Note [Cloning modules].
   virtual void rebind(const CloneMap&) {}
   // How many handles share each registered tensor and child (taken before copying).
   std::vector<long> registry_use_counts() const;
-  // clone()'s work after Derived's copy constructor: new storage, cloned children, rebind, and
-  // the check that no member still shares the original's tensors or children.
+  // clone()'s work after Derived's copy constructor: new storage, cloned children, members
+  // pointed at them, rebind, and the check that no member still shares the original's tensors or
+  // children. object_size is sizeof(Derived), the extent the registered members lie in.
   static std::shared_ptr<Module> finish_clone(const Module& original,
                                               const std::vector<long>& use_counts_before,
-                                              std::shared_ptr<Module> copy);
+                                              std::shared_ptr<Module> copy, size_t object_size);
 
  private:
+  // A data member holding a registered handle: where it sits and how to point it at the copy's.
+  struct Member {
+    std::string name;
+    std::ptrdiff_t offset;  // from this Module base to the member
+    void (*repoint)(void* member, const CloneMap& map);
+  };
+
   void check_new_name(const std::string& name, std::string_view op) const;
   void add_child(std::string name, std::shared_ptr<Module> m);
+  void add_member(std::string name, const void* member,
+                  void (*repoint)(void* member, const CloneMap& map));
   void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors& out) const;
 
   NamedTensors parameters_;
   NamedTensors buffers_;
   NamedModules children_;
+  std::vector<Member> members_;
   bool training_ = true;
 };
 
-// Gives Derived a clone() built on its copy constructor; see Note [Cloning modules].
+// Gives Derived a clone() built on its copy constructor (see Note [Cloning modules]) and a call
+// operator: module(args...) is module.forward(args...), whatever forward's arguments.
 template <class Derived>
 class Cloneable : public Module {
  public:
   std::shared_ptr<Module> clone() const override {
     const std::vector<long> counts = registry_use_counts();
-    return finish_clone(*this, counts,
-                        std::make_shared<Derived>(static_cast<const Derived&>(*this)));
+    std::shared_ptr<Derived> copy;
+    {
+      const CopyScope scope;
+      copy.reset(new Derived(static_cast<const Derived&>(*this)));  // maybe private: no make_shared
+    }
+    return finish_clone(*this, counts, std::move(copy), sizeof(Derived));
+  }
+
+  // (D stands for Derived, named so that the return type waits for the call, when Derived is
+  // complete; the const operator exists where forward is const.)
+  template <class... Args, class D = Derived>
+  auto operator()(Args&&... args)
+      -> decltype(std::declval<D&>().forward(std::forward<Args>(args)...)) {
+    return static_cast<D&>(*this).forward(std::forward<Args>(args)...);
+  }
+  template <class... Args, class D = Derived>
+  auto operator()(Args&&... args) const
+      -> decltype(std::declval<const D&>().forward(std::forward<Args>(args)...)) {
+    return static_cast<const D&>(*this).forward(std::forward<Args>(args)...);
   }
 };
 
@@ -135,15 +201,14 @@ class ModuleList : public Cloneable<ModuleList> {
                 (*this)[i]->type_name());
     return m;
   }
-  size_t size() const { return items_.size(); }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
-
- protected:
-  void rebind(const CloneMap& map) override;
+  size_t size() const { return named_children().size(); }
+  // The modules, read from the registry (an elements_view iterator holds only the vector's).
+  auto begin() const { return std::views::values(named_children()).begin(); }
+  auto end() const { return std::views::values(named_children()).end(); }
 
  private:
-  std::vector<std::shared_ptr<Module>> items_;
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  ModuleList(const ModuleList&) = default;
 };
 
 // Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential.
@@ -157,25 +222,23 @@ class Sequential : public Cloneable<Sequential> {
   // M needs forward(const Tensor&) -> Tensor.
   template <class M>
   void push_back(std::shared_ptr<M> m) {
-    EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", items_.size());
+    EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", size());
     calls_.push_back(+[](Module& module, const Tensor& x) -> Tensor {
       return static_cast<M&>(module).forward(x);
     });
-    items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+    register_module(std::to_string(size()), std::move(m));
   }
   const std::shared_ptr<Module>& operator[](size_t i) const;
-  size_t size() const { return items_.size(); }
-  auto begin() const { return items_.begin(); }
-  auto end() const { return items_.end(); }
+  size_t size() const { return named_children().size(); }
+  auto begin() const { return std::views::values(named_children()).begin(); }
+  auto end() const { return std::views::values(named_children()).end(); }
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
-
- protected:
-  void rebind(const CloneMap& map) override;
 
  private:
-  std::vector<std::shared_ptr<Module>> items_;
-  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // items_[i]'s forward, typed
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Sequential(const Sequential&) = default;
+
+  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // module i's forward, typed
 };
 
 }  // namespace ember::nn

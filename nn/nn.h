@@ -1,8 +1,7 @@
 // ember::nn: modules, layers, initialisers, safetensors checkpoints, D2L attention pooling
-// and the Annotated Transformer with its copy-task training pieces.
+// and the Annotated Transformer with its Batch and LabelSmoothing.
 #pragma once
 
-#include "nn/copy_task.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"

@@ -1,4 +1,5 @@
-// NWKernelRegression: D2L's forward, line for line (SPEC.md A.6), on Ember's ops.
+// NWKernelRegression: D2L's forward (section "Attention Pooling: Nadaraya-Watson Kernel
+// Regression"), line for line, on Ember's ops.
 #include "nn/nw_regression.h"
 
 #include "graph/random.h"
@@ -10,7 +11,7 @@
 
 namespace ember::nn {
 
-NWKernelRegression::NWKernelRegression() { w = register_parameter("w", rand({1})); }
+NWKernelRegression::NWKernelRegression() { register_parameter("w", w, rand({1})); }
 
 Tensor NWKernelRegression::forward(const Tensor& queries, const Tensor& keys,
                                    const Tensor& values) {
@@ -30,8 +31,7 @@ Tensor NWKernelRegression::forward(const Tensor& queries, const Tensor& keys,
   return bmm(weights.unsqueeze(1), values.unsqueeze(-1)).reshape({-1});
 }
 
-void NWKernelRegression::rebind(const CloneMap& map) {
-  map(w);
+void NWKernelRegression::rebind(const CloneMap&) {
   // Not registered (it is a by-product of forward), but a deep copy owns its own data too.
   if (attention_weights.defined()) attention_weights = attention_weights.clone();
 }

@@ -14,15 +14,16 @@ class NWKernelRegression : public Cloneable<NWKernelRegression> {
   NWKernelRegression();
   // Returns (n) predictions and keeps the (n, m) weights, detached, in attention_weights.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values);
-  Tensor operator()(const Tensor& queries, const Tensor& keys, const Tensor& values) {
-    return forward(queries, keys, values);
-  }
 
   Tensor w;
   Tensor attention_weights;  // of the last forward, for show_heatmaps; undefined before one
 
  protected:
-  void rebind(const CloneMap& map) override;
+  void rebind(const CloneMap& map) override;  // a copy owns its attention_weights too
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  NWKernelRegression(const NWKernelRegression&) = default;
 };
 
 }  // namespace ember::nn

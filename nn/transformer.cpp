@@ -1,5 +1,6 @@
-// The Annotated Transformer's modules, make_model, subsequent_mask and greedy_decode. Each
-// forward is the original's, line for line; see nn/transformer.h for shapes and names.
+// The Annotated Transformer's modules, make_model, subsequent_mask, greedy_decode, Batch and
+// LabelSmoothing. Each forward is the original's, line for line; see nn/transformer.h for shapes
+// and names.
 #include "nn/transformer.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "ops/elementwise.h"
 #include "ops/index.h"
 #include "ops/linalg.h"
+#include "ops/loss.h"
 #include "ops/nn_functional.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
@@ -44,9 +46,9 @@ MultiHeadedAttention::MultiHeadedAttention(int64_t h, int64_t d_model, double dr
   // The original's clones(nn.Linear(d_model, d_model), 4): deep copies of one Linear, so the
   // four projections start from the same bias (make_model re-draws every weight).
   const Linear projection(d_model, d_model);
-  linears = register_module("linears", std::make_shared<ModuleList>());
+  register_module("linears", linears, std::make_shared<ModuleList>());
   for (int i = 0; i < 4; ++i) linears->push_back(projection.clone());
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -69,34 +71,24 @@ Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, con
   return linears->at<Linear>(3)->forward(x);
 }
 
-void MultiHeadedAttention::rebind(const CloneMap& map) {
-  map(linears);
-  map(dropout);
-  attn = Tensor();  // a copy has attended to nothing yet
-}
+void MultiHeadedAttention::rebind(const CloneMap&) { attn = Tensor(); }
 
 // --- PositionwiseFeedForward
 
 PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout_p) {
-  w_1 = register_module("w_1", std::make_shared<Linear>(d_model, d_ff));
-  w_2 = register_module("w_2", std::make_shared<Linear>(d_ff, d_model));
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("w_1", w_1, std::make_shared<Linear>(d_model, d_ff));
+  register_module("w_2", w_2, std::make_shared<Linear>(d_ff, d_model));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
   return w_2->forward(dropout->forward(relu(w_1->forward(x))));
 }
 
-void PositionwiseFeedForward::rebind(const CloneMap& map) {
-  map(w_1);
-  map(w_2);
-  map(dropout);
-}
-
 // --- Embeddings and PositionalEncoding
 
 Embeddings::Embeddings(int64_t d_model, int64_t vocab) : d_model(d_model) {
-  lut = register_module("lut", std::make_shared<Embedding>(vocab, d_model));
+  register_module("lut", lut, std::make_shared<Embedding>(vocab, d_model));
 }
 
 Tensor Embeddings::forward(const Tensor& x) const {
@@ -106,7 +98,7 @@ Tensor Embeddings::forward(const Tensor& x) const {
 PositionalEncoding::PositionalEncoding(int64_t d_model, double dropout_p, int64_t max_len) {
   EMBER_CHECK(d_model > 0 && max_len > 0,
               "PositionalEncoding: d_model {} and max_len {} must be positive", d_model, max_len);
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
   // pe (max_len, D), computed in double (the original computes pos * div_term in float32).
   Tensor table = empty({1, max_len, d_model});
   float* dpe = table.data<float>();
@@ -118,7 +110,7 @@ PositionalEncoding::PositionalEncoding(int64_t d_model, double dropout_p, int64_
       if (i + 1 < d_model) dpe[pos * d_model + i + 1] = static_cast<float>(std::cos(angle));
     }
   }
-  pe = register_buffer("pe", table);
+  register_buffer("pe", pe, table);
 }
 
 Tensor PositionalEncoding::forward(const Tensor& x) const {
@@ -131,8 +123,8 @@ Tensor PositionalEncoding::forward(const Tensor& x) const {
 // --- SublayerConnection, EncoderLayer, Encoder
 
 SublayerConnection::SublayerConnection(int64_t size, double dropout_p) {
-  norm = register_module("norm", std::make_shared<LayerNorm>(size, 1e-6));
-  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
+  register_module("norm", norm, std::make_shared<LayerNorm>(size, 1e-6));
+  register_module("dropout", dropout, std::make_shared<Dropout>(dropout_p));
 }
 
 Tensor SublayerConnection::forward(const Tensor& x, const Sublayer& sublayer) const {
@@ -166,8 +158,8 @@ std::shared_ptr<ModuleList> clones(const Module& layer, int64_t N, std::string_v
 
 template <class Derived, class Layer>
 LayerStack<Derived, Layer>::LayerStack(const Layer& layer, int64_t N, std::string_view who) {
-  layers = this->register_module("layers", clones(layer, N, who));
-  norm = this->register_module("norm", std::make_shared<LayerNorm>(layer.size, 1e-6));
+  this->register_module("layers", layers, clones(layer, N, who));
+  this->register_module("norm", norm, std::make_shared<LayerNorm>(layer.size, 1e-6));
 }
 
 template class LayerStack<Encoder, EncoderLayer>;
@@ -176,10 +168,10 @@ template class LayerStack<Decoder, DecoderLayer>;
 EncoderLayer::EncoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> self_attn_,
                            std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
     : size(size) {
-  self_attn = register_module("self_attn", checked(self_attn_, "EncoderLayer", "self_attn"));
-  feed_forward =
-      register_module("feed_forward", checked(feed_forward_, "EncoderLayer", "feed_forward"));
-  sublayer = register_module("sublayer", sublayers(size, dropout, 2));
+  register_module("self_attn", self_attn, checked(self_attn_, "EncoderLayer", "self_attn"));
+  register_module("feed_forward", feed_forward,
+                  checked(feed_forward_, "EncoderLayer", "feed_forward"));
+  register_module("sublayer", sublayer, sublayers(size, dropout, 2));
 }
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) const {
@@ -187,12 +179,6 @@ Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) const {
       x, [&](const Tensor& z) { return self_attn->forward(z, z, z, mask); });
   return sublayer->at<SublayerConnection>(1)->forward(
       y, [&](const Tensor& z) { return feed_forward->forward(z); });
-}
-
-void EncoderLayer::rebind(const CloneMap& map) {
-  map(self_attn);
-  map(feed_forward);
-  map(sublayer);
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& mask) const {
@@ -207,11 +193,11 @@ DecoderLayer::DecoderLayer(int64_t size, std::shared_ptr<MultiHeadedAttention> s
                            std::shared_ptr<MultiHeadedAttention> src_attn_,
                            std::shared_ptr<PositionwiseFeedForward> feed_forward_, double dropout)
     : size(size) {
-  self_attn = register_module("self_attn", checked(self_attn_, "DecoderLayer", "self_attn"));
-  src_attn = register_module("src_attn", checked(src_attn_, "DecoderLayer", "src_attn"));
-  feed_forward =
-      register_module("feed_forward", checked(feed_forward_, "DecoderLayer", "feed_forward"));
-  sublayer = register_module("sublayer", sublayers(size, dropout, 3));
+  register_module("self_attn", self_attn, checked(self_attn_, "DecoderLayer", "self_attn"));
+  register_module("src_attn", src_attn, checked(src_attn_, "DecoderLayer", "src_attn"));
+  register_module("feed_forward", feed_forward,
+                  checked(feed_forward_, "DecoderLayer", "feed_forward"));
+  register_module("sublayer", sublayer, sublayers(size, dropout, 3));
 }
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
@@ -225,13 +211,6 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor
       y, [&](const Tensor& z) { return feed_forward->forward(z); });
 }
 
-void DecoderLayer::rebind(const CloneMap& map) {
-  map(self_attn);
-  map(src_attn);
-  map(feed_forward);
-  map(sublayer);
-}
-
 Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                         const Tensor& tgt_mask) const {
   Tensor y = x;
@@ -242,7 +221,7 @@ Tensor Decoder::forward(const Tensor& x, const Tensor& memory, const Tensor& src
 // --- Generator, EncoderDecoder
 
 Generator::Generator(int64_t d_model, int64_t vocab) {
-  proj = register_module("proj", std::make_shared<Linear>(d_model, vocab));
+  register_module("proj", proj, std::make_shared<Linear>(d_model, vocab));
 }
 
 Tensor Generator::forward(const Tensor& x) const { return log_softmax(proj->forward(x), -1); }
@@ -252,11 +231,11 @@ EncoderDecoder::EncoderDecoder(std::shared_ptr<Encoder> encoder_, std::shared_pt
                                std::shared_ptr<Sequential> tgt_embed_,
                                std::shared_ptr<Generator> generator_) {
   const char* who = "EncoderDecoder";
-  encoder = register_module("encoder", checked(encoder_, who, "encoder"));
-  decoder = register_module("decoder", checked(decoder_, who, "decoder"));
-  src_embed = register_module("src_embed", checked(src_embed_, who, "src_embed"));
-  tgt_embed = register_module("tgt_embed", checked(tgt_embed_, who, "tgt_embed"));
-  generator = register_module("generator", checked(generator_, who, "generator"));
+  register_module("encoder", encoder, checked(encoder_, who, "encoder"));
+  register_module("decoder", decoder, checked(decoder_, who, "decoder"));
+  register_module("src_embed", src_embed, checked(src_embed_, who, "src_embed"));
+  register_module("tgt_embed", tgt_embed, checked(tgt_embed_, who, "tgt_embed"));
+  register_module("generator", generator, checked(generator_, who, "generator"));
 }
 
 Tensor EncoderDecoder::encode(const Tensor& src, const Tensor& src_mask) const {
@@ -278,14 +257,6 @@ int64_t EncoderDecoder::d_model() const {
   EMBER_CHECK(embeddings != nullptr, "EncoderDecoder: src_embed[0] is a {}, not Embeddings",
               (*src_embed)[0]->type_name());
   return embeddings->d_model;
-}
-
-void EncoderDecoder::rebind(const CloneMap& map) {
-  map(encoder);
-  map(decoder);
-  map(src_embed);
-  map(tgt_embed);
-  map(generator);
 }
 
 // --- make_model, masks, decoding
@@ -332,6 +303,65 @@ Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src
     ys = cat({ys, next_word.unsqueeze(1)}, 1);
   }
   return ys;
+}
+
+// --- Batch, LabelSmoothing
+
+Batch::Batch(Tensor src_, const Tensor& tgt_, int64_t pad) : src(std::move(src_)) {
+  EMBER_CHECK(src.defined() && src.dim() == 2 && src.dtype() == kInt64,
+              "Batch: src must be Int64 (batch, len), got {}",
+              src.defined() ? fmt::format("{} of shape {}", src.dtype(), src.shape()) : "none");
+  src_mask = src.ne(static_cast<double>(pad)).unsqueeze(-2);
+  if (!tgt_.defined()) return;
+  EMBER_CHECK(
+      tgt_.dim() == 2 && tgt_.dtype() == kInt64 && tgt_.size(1) >= 2 && tgt_.size(0) == src.size(0),
+      "Batch: tgt must be Int64 (batch {}, len >= 2), got {} of shape {}", src.size(0),
+      tgt_.dtype(), tgt_.shape());
+  const int64_t T = tgt_.size(1) - 1;
+  tgt = tgt_.narrow(1, 0, T);
+  tgt_y = tgt_.narrow(1, 1, T);
+  tgt_mask = make_std_mask(tgt, pad);
+  ntokens = 0;
+  for (int64_t token : tgt_y.to_vector<int64_t>()) ntokens += token != pad;
+}
+
+Tensor Batch::make_std_mask(const Tensor& tgt, int64_t pad) {
+  return logical_and(tgt.ne(static_cast<double>(pad)).unsqueeze(-2), subsequent_mask(tgt.size(-1)));
+}
+
+LabelSmoothing::LabelSmoothing(int64_t size, int64_t padding_idx, double smoothing)
+    : size(size), padding_idx(padding_idx), confidence(1.0 - smoothing), smoothing(smoothing) {
+  EMBER_CHECK(size > 2 && padding_idx >= 0 && padding_idx < size,
+              "LabelSmoothing: need size > 2 and 0 <= padding_idx < size, got {} and {}", size,
+              padding_idx);
+  EMBER_CHECK(smoothing >= 0 && smoothing <= 1,
+              "LabelSmoothing: smoothing must be in [0, 1], got {}", smoothing);
+}
+
+Tensor LabelSmoothing::forward(const Tensor& x, const Tensor& target) {
+  EMBER_CHECK(x.dim() == 2 && x.size(1) == size,
+              "LabelSmoothing: input {} must be (N, {}) log-probabilities", x.shape(), size);
+  EMBER_CHECK(target.dtype() == kInt64 && target.shape() == Shape{x.size(0)},
+              "LabelSmoothing: target {} of shape {} must be Int64 ({})", target.dtype(),
+              target.shape(), x.size(0));
+  // true_dist (N, size): smoothing / (size - 2) everywhere, confidence at the target, 0 in the
+  // padding column and in rows whose target is padding.
+  const int64_t N = x.size(0);
+  true_dist = full({N, size}, smoothing / static_cast<double>(size - 2), x.dtype());
+  const std::vector<int64_t> t = target.to_vector<int64_t>();
+  dispatch_float(x.dtype(), "LabelSmoothing", [&]<class T>() {
+    T* d = true_dist.data<T>();
+    for (int64_t n = 0; n < N; ++n) {
+      EMBER_CHECK(t[n] >= 0 && t[n] < size, "LabelSmoothing: target {} out of range for {} classes",
+                  t[n], size);
+      T* row = d + n * size;
+      row[t[n]] = static_cast<T>(confidence);
+      row[padding_idx] = T(0);
+      if (t[n] == padding_idx)
+        for (int64_t c = 0; c < size; ++c) row[c] = T(0);
+    }
+  });
+  return kl_div(x, true_dist, Reduction::Sum);
 }
 
 }  // namespace ember::nn

@@ -1,13 +1,17 @@
 // The Annotated Transformer (Rush et al., harvardnlp), module for module and with the original's
 // names, so a PyTorch state dict of it maps one to one onto named_parameters():
 // `encoder.layers.0.self_attn.linears.0.weight`, `src_embed.0.lut.weight`, buffer `src_embed.1.pe`.
-// One documented difference (SPEC.md B.4): LayerNorm is torch.nn.LayerNorm's,
-// (x - mean) / sqrt(biased var + eps), with `weight`/`bias`, where the original divides by
-// (unbiased std + eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
+// Also the training pieces any user of the model reuses: Batch (masks and the shifted target) and
+// LabelSmoothing (the KL criterion); a task's own data and loss loop stay with its program (the
+// copy task's in examples/copy_task.h).
+// One deliberate difference: LayerNorm is torch.nn.LayerNorm's, (x - mean) / sqrt(biased var +
+// eps), with `weight`/`bias`, where the original's hand-written one divides by (unbiased std +
+// eps) with `a_2`/`b_2`. Masks are Bool; a position is attended where it is true.
 //
 // Shapes: B batch, S source length, T target length, D d_model, h heads, d_k = D / h, V vocab.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -35,10 +39,6 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
   // query (B, Tq, D), key and value (B, Tk, D); mask (B or 1, 1 or Tq, Tk) -> (B, Tq, D).
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& mask = {});
-  Tensor operator()(const Tensor& query, const Tensor& key, const Tensor& value,
-                    const Tensor& mask = {}) {
-    return forward(query, key, value, mask);
-  }
 
   int64_t d_k, h;
   std::shared_ptr<ModuleList> linears;  // 4 x Linear(d_model, d_model)
@@ -46,7 +46,11 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
   Tensor attn;
 
  protected:
-  void rebind(const CloneMap& map) override;
+  void rebind(const CloneMap& map) override;  // a copy has attended to nothing yet
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  MultiHeadedAttention(const MultiHeadedAttention&) = default;
 };
 
 // w_2(dropout(relu(w_1(x)))): (B, T, D) -> (B, T, D) through d_ff features.
@@ -54,13 +58,13 @@ class PositionwiseFeedForward : public Cloneable<PositionwiseFeedForward> {
  public:
   PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.1);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Linear> w_1, w_2;
   std::shared_ptr<Dropout> dropout;
 
- protected:
-  void rebind(const CloneMap& map) override;
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  PositionwiseFeedForward(const PositionwiseFeedForward&) = default;
 };
 
 // lut(x) * sqrt(d_model): Int64 tokens (B, T) -> (B, T, D).
@@ -68,13 +72,13 @@ class Embeddings : public Cloneable<Embeddings> {
  public:
   Embeddings(int64_t d_model, int64_t vocab);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Embedding> lut;
   int64_t d_model;
 
- protected:
-  void rebind(const CloneMap& map) override { map(lut); }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Embeddings(const Embeddings&) = default;
 };
 
 // dropout(x + pe[:, :T]) with the sinusoidal table, the buffer pe (1, max_len, D):
@@ -83,16 +87,13 @@ class PositionalEncoding : public Cloneable<PositionalEncoding> {
  public:
   PositionalEncoding(int64_t d_model, double dropout, int64_t max_len = 5000);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Dropout> dropout;
   Tensor pe;
 
- protected:
-  void rebind(const CloneMap& map) override {
-    map(dropout);
-    map(pe);
-  }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  PositionalEncoding(const PositionalEncoding&) = default;
 };
 
 using Sublayer = std::function<Tensor(const Tensor&)>;
@@ -102,18 +103,13 @@ class SublayerConnection : public Cloneable<SublayerConnection> {
  public:
   SublayerConnection(int64_t size, double dropout);
   Tensor forward(const Tensor& x, const Sublayer& sublayer) const;
-  Tensor operator()(const Tensor& x, const Sublayer& sublayer) const {
-    return forward(x, sublayer);
-  }
 
   std::shared_ptr<LayerNorm> norm;
   std::shared_ptr<Dropout> dropout;
 
- protected:
-  void rebind(const CloneMap& map) override {
-    map(norm);
-    map(dropout);
-  }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  SublayerConnection(const SublayerConnection&) = default;
 };
 
 // N clones of a layer and a final LayerNorm(size, 1e-6), the part Encoder and Decoder share
@@ -128,10 +124,6 @@ class LayerStack : public Cloneable<Derived> {
 
  protected:
   LayerStack(const Layer& layer, int64_t N, std::string_view who);
-  void rebind(const CloneMap& map) override {
-    map(layers);
-    map(norm);
-  }
 };
 
 // Self-attention then feed-forward, each in a SublayerConnection.
@@ -141,22 +133,25 @@ class EncoderLayer : public Cloneable<EncoderLayer> {
                std::shared_ptr<PositionwiseFeedForward> feed_forward, double dropout);
   // x (B, S, D), mask (B, 1, S).
   Tensor forward(const Tensor& x, const Tensor& mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
 
   std::shared_ptr<MultiHeadedAttention> self_attn;
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 2 x SublayerConnection
   int64_t size;
 
- protected:
-  void rebind(const CloneMap& map) override;
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  EncoderLayer(const EncoderLayer&) = default;
 };
 
 class Encoder : public LayerStack<Encoder, EncoderLayer> {
  public:
   Encoder(const EncoderLayer& layer, int64_t N) : LayerStack(layer, N, "Encoder") {}
   Tensor forward(const Tensor& x, const Tensor& mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& mask) const { return forward(x, mask); }
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Encoder(const Encoder&) = default;
 };
 
 // Masked self-attention, source attention over the encoder's memory, feed-forward.
@@ -168,18 +163,15 @@ class DecoderLayer : public Cloneable<DecoderLayer> {
   // x (B, T, D), memory (B, S, D), src_mask (B, 1, S), tgt_mask (B or 1, T, T).
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(x, memory, src_mask, tgt_mask);
-  }
 
   int64_t size;
   std::shared_ptr<MultiHeadedAttention> self_attn, src_attn;
   std::shared_ptr<PositionwiseFeedForward> feed_forward;
   std::shared_ptr<ModuleList> sublayer;  // 3 x SublayerConnection
 
- protected:
-  void rebind(const CloneMap& map) override;
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  DecoderLayer(const DecoderLayer&) = default;
 };
 
 class Decoder : public LayerStack<Decoder, DecoderLayer> {
@@ -187,10 +179,10 @@ class Decoder : public LayerStack<Decoder, DecoderLayer> {
   Decoder(const DecoderLayer& layer, int64_t N) : LayerStack(layer, N, "Decoder") {}
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& x, const Tensor& memory, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(x, memory, src_mask, tgt_mask);
-  }
+
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Decoder(const Decoder&) = default;
 };
 
 // log_softmax(proj(x), -1): (B, T, D) -> (B, T, V) log-probabilities.
@@ -198,12 +190,12 @@ class Generator : public Cloneable<Generator> {
  public:
   Generator(int64_t d_model, int64_t vocab);
   Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
 
   std::shared_ptr<Linear> proj;
 
- protected:
-  void rebind(const CloneMap& map) override { map(proj); }
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  Generator(const Generator&) = default;
 };
 
 // The standard encoder-decoder; src_embed and tgt_embed are Sequential(Embeddings,
@@ -221,10 +213,6 @@ class EncoderDecoder : public Cloneable<EncoderDecoder> {
   // The decoder's output (before the generator).
   Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
                  const Tensor& tgt_mask) const;
-  Tensor operator()(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
-                    const Tensor& tgt_mask) const {
-    return forward(src, tgt, src_mask, tgt_mask);
-  }
   // d_model, read from src_embed's Embeddings (the original's model.src_embed[0].d_model).
   int64_t d_model() const;
 
@@ -233,8 +221,9 @@ class EncoderDecoder : public Cloneable<EncoderDecoder> {
   std::shared_ptr<Sequential> src_embed, tgt_embed;
   std::shared_ptr<Generator> generator;
 
- protected:
-  void rebind(const CloneMap& map) override;
+ private:
+  friend Cloneable;  // the only copier; see Note [Modules are not copyable]
+  EncoderDecoder(const EncoderDecoder&) = default;
 };
 
 // The full model, LayerNorm(d_model, 1e-6) everywhere and xavier_uniform_ on every parameter of
@@ -250,5 +239,36 @@ Tensor subsequent_mask(int64_t size);
 // far and appends the most likely next one -> Int64 (B, max_len), starting with start_symbol.
 Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src_mask,
                      int64_t max_len, int64_t start_symbol);
+
+// One batch of Int64 src (B, S) and tgt (B, T + 1) with padding `pad`:
+//   src_mask (B, 1, S)  true at non-pad source tokens;
+//   tgt      (B, T)     tgt without its last token (the decoder input, shifted right);
+//   tgt_y    (B, T)     tgt without its first token (what the decoder predicts);
+//   tgt_mask (B, T, T)  non-pad target tokens that are not in the future;
+//   ntokens             non-pad tokens of tgt_y.
+// Without tgt, only src and src_mask are set.
+struct Batch {
+  explicit Batch(Tensor src, const Tensor& tgt = {}, int64_t pad = 2);
+  // (tgt != pad).unsqueeze(-2) & subsequent_mask(T).
+  static Tensor make_std_mask(const Tensor& tgt, int64_t pad);
+
+  Tensor src, src_mask, tgt, tgt_y, tgt_mask;
+  int64_t ntokens = 0;
+};
+
+// KL divergence (summed) of log-probabilities x (N, size) against the smoothed target
+// distribution: `confidence` = 1 - smoothing on the target class, smoothing / (size - 2) on each
+// other class but padding_idx, and an all-zero row where the target is padding_idx.
+class LabelSmoothing {
+ public:
+  LabelSmoothing(int64_t size, int64_t padding_idx, double smoothing = 0.0);
+  // x (N, size) log-probabilities, target (N) Int64 -> scalar loss.
+  Tensor forward(const Tensor& x, const Tensor& target);
+  Tensor operator()(const Tensor& x, const Tensor& target) { return forward(x, target); }
+
+  int64_t size, padding_idx;
+  double confidence, smoothing;
+  Tensor true_dist;  // the last target distribution (N, size)
+};
 
 }  // namespace ember::nn

@@ -11,32 +11,24 @@ namespace ember::testing {
 // y = x * w + b over the last dim.
 struct Affine : nn::Cloneable<Affine> {
   explicit Affine(int64_t n, DType dtype = kFloat32) {
-    w = register_parameter("w", randn({n}, dtype));
-    b = register_parameter("b", randn({n}, dtype));
-    count = register_buffer("count", zeros({1}, kInt64));
+    register_parameter("w", w, randn({n}, dtype));
+    register_parameter("b", b, randn({n}, dtype));
+    register_buffer("count", count, zeros({1}, kInt64));
   }
   Tensor forward(const Tensor& x) const { return x * w + b; }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
   Tensor w, b, count;
-
- protected:
-  void rebind(const nn::CloneMap& map) override {
-    map(w);
-    map(b);
-    map(count);
-  }
 };
 
 struct Block : nn::Cloneable<Block> {
   explicit Block(int64_t n) {
-    scale = register_parameter("scale", ones({n, n}, kFloat64));
-    first = register_module("first", std::make_shared<Affine>(n));
-    layers = register_module("layers", std::make_shared<nn::ModuleList>());
+    register_parameter("scale", scale, ones({n, n}, kFloat64));
+    register_module("first", first, std::make_shared<Affine>(n));
+    register_module("layers", layers, std::make_shared<nn::ModuleList>());
     layers->push_back(std::make_shared<Affine>(n));
     layers->push_back(std::make_shared<Affine>(n));
-    mask = register_buffer("mask", tensor({1, 0, 1}, kBool));
-    empty_table = register_buffer("empty_table", zeros({0, n}));
-    step = register_buffer("step", scalar_tensor(7, kFloat64));
+    register_buffer("mask", mask, tensor({1, 0, 1}, kBool));
+    register_buffer("empty_table", empty_table, zeros({0, n}));
+    register_buffer("step", step, scalar_tensor(7, kFloat64));
   }
   Tensor forward(const Tensor& x) const {
     Tensor y = first->forward(x);
@@ -46,16 +38,6 @@ struct Block : nn::Cloneable<Block> {
   Tensor scale, mask, empty_table, step;
   std::shared_ptr<Affine> first;
   std::shared_ptr<nn::ModuleList> layers;
-
- protected:
-  void rebind(const nn::CloneMap& map) override {
-    map(scale);
-    map(mask);
-    map(empty_table);
-    map(step);
-    map(first);
-    map(layers);
-  }
 };
 
 // A module whose registration functions are public, to build modules in tests.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <type_traits>
 
 #include "helpers.h"
 #include "nn_modules.h"
@@ -19,16 +20,39 @@ std::vector<std::string> names(const nn::NamedTensors& entries) {
   return out;
 }
 
-// A module that forgets to rebind its member: clone() must refuse it.
+// A module that registers without naming its member and forgets to rebind it: clone() must
+// refuse it.
 struct Forgetful : nn::Cloneable<Forgetful> {
   Forgetful() { w = register_parameter("w", zeros({2})); }
   Tensor w;
+};
+
+// A module that names a handle outside itself as its member.
+struct Stray : nn::Cloneable<Stray> {
+  explicit Stray(Tensor& elsewhere) { register_parameter("w", elsewhere, zeros({2})); }
+};
+
+// A class derived from a module that is Cloneable as its base only.
+struct Wider : Affine {
+  Wider() : Affine(2) { register_parameter("extra", extra, zeros({2})); }
+  Tensor extra;
 };
 
 // A module that is not Cloneable.
 struct Plain : nn::Module {
   Plain() { register_parameter("w", zeros({2})); }
 };
+
+// Note [Modules are not copyable]: no library module can be copied or moved except by clone().
+template <class... Ms>
+constexpr bool none_copyable = (... && (!std::is_copy_constructible_v<Ms> &&
+                                        !std::is_move_constructible_v<Ms>));
+static_assert(
+    none_copyable<nn::ModuleList, nn::Sequential, nn::Linear, nn::Embedding, nn::LayerNorm,
+                  nn::Dropout, nn::MultiHeadedAttention, nn::PositionwiseFeedForward,
+                  nn::Embeddings, nn::PositionalEncoding, nn::SublayerConnection, nn::EncoderLayer,
+                  nn::Encoder, nn::DecoderLayer, nn::Decoder, nn::Generator, nn::EncoderDecoder,
+                  nn::NWKernelRegression>);
 
 }  // namespace
 
@@ -151,6 +175,15 @@ BOOST_AUTO_TEST_CASE(clone_is_deep_and_independent) {
 BOOST_AUTO_TEST_CASE(clone_checks_members_and_cloneability) {
   Forgetful f;
   expect_error([&] { f.clone(); }, {"clone", "Forgetful", "'w'", "rebind"});
+  Tensor outside;
+  Stray stray(outside);
+  expect_error([&] { stray.clone(); }, {"clone", "Stray", "'w'", "data member"});
+  Wider wider;
+  expect_error([&] { wider.clone(); }, {"clone", "Wider", "Affine", "Cloneable"});
+  // A user module keeps the public copy constructor C++ gives it; using it throws.
+  Affine affine(2);
+  expect_error([&] { [[maybe_unused]] const Affine copy = affine; },
+               {"Affine", "cannot be copied", "clone()"});
   Plain p;
   expect_error([&] { p.clone(); }, {"clone", "Plain", "Cloneable"});
   Open holder;
@@ -274,18 +307,11 @@ namespace {
 // The small MLP of the training tests: two Linear layers and a relu.
 struct MLP : nn::Cloneable<MLP> {
   MLP(int64_t in, int64_t hidden, int64_t out) {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(in, hidden));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, out));
+    register_module("fc1", fc1, std::make_shared<nn::Linear>(in, hidden));
+    register_module("fc2", fc2, std::make_shared<nn::Linear>(hidden, out));
   }
   Tensor forward(const Tensor& x) const { return fc2->forward(relu(fc1->forward(x))); }
-  Tensor operator()(const Tensor& x) const { return forward(x); }
   std::shared_ptr<nn::Linear> fc1, fc2;
-
- protected:
-  void rebind(const nn::CloneMap& map) override {
-    map(fc1);
-    map(fc2);
-  }
 };
 
 // y = sin(x) on 64 points of [-3, 3]; returns the final training loss.

@@ -1,6 +1,7 @@
 // The Annotated Transformer: shapes through every module, masks, parameter names and count,
 // cloning, gradcheck of attention and a tiny model in Float64, parity with the PyTorch original
-// (tests/golden/gen_transformer.py), the copy-task pieces and a short copy-task training run.
+// (tests/golden/gen_transformer.py), Batch and LabelSmoothing, the copy task's pieces
+// (examples/copy_task.h) and a short copy-task training run.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include "examples/copy_task.h"
 #include "helpers.h"
 
 using namespace ember;
@@ -172,7 +174,7 @@ BOOST_AUTO_TEST_CASE(batch_masks_shift_and_count_tokens) {
 
 BOOST_AUTO_TEST_CASE(data_gen_makes_copy_batches) {
   manual_seed(3);
-  const std::vector<nn::Batch> batches = nn::data_gen(11, 4, 3);
+  const std::vector<nn::Batch> batches = copy_task::data_gen(11, 4, 3);
   BOOST_TEST(batches.size() == 3u);
   for (const nn::Batch& b : batches) {
     BOOST_TEST((b.src.shape() == Shape{4, 10}));
@@ -534,16 +536,16 @@ BOOST_AUTO_TEST_CASE(copy_task_learns_to_copy) {
   const int64_t V = 11;
   auto model = nn::make_model(V, V, 1, 32, 64, 4);
   nn::LabelSmoothing criterion(V, 0, 0.0);
-  nn::SimpleLossCompute loss_compute(*model->generator, criterion);
+  copy_task::SimpleLossCompute loss_compute(*model->generator, criterion);
   optim::Adam optimizer(model->parameters(), {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   optim::LambdaLR scheduler(optimizer,
                             [](int64_t step) { return optim::rate(step, 32, 1.0, kWarmup); });
   double first = 0, last = 0;
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
     model->train();
-    for (const nn::Batch& batch : nn::data_gen(V, 64, 20)) {
+    for (const nn::Batch& batch : copy_task::data_gen(V, 64, 20)) {
       const Tensor out = model->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
-      const nn::LossOutput loss = loss_compute(out, batch.tgt_y, batch.ntokens);
+      const copy_task::LossOutput loss = loss_compute(out, batch.tgt_y, batch.ntokens);
       loss.loss.backward();
       optimizer.step();
       optimizer.zero_grad();
@@ -558,7 +560,7 @@ BOOST_AUTO_TEST_CASE(copy_task_learns_to_copy) {
   const Tensor src = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 10});
   const Tensor ys = nn::greedy_decode(*model, src, ones({1, 1, 10}, kBool), 10, 1);
   BOOST_TEST((ys.to_vector<int64_t>() == src.to_vector<int64_t>()));
-  const nn::Batch fresh = nn::data_gen(V, 50, 1)[0];
+  const nn::Batch fresh = copy_task::data_gen(V, 50, 1)[0];
   const Tensor decoded = nn::greedy_decode(*model, fresh.src, fresh.src_mask, 10, 1);
   const Tensor rows_equal = decoded.eq(fresh.src).to(kInt64).sum({1}).eq(10.0);
   const double accuracy = rows_equal.to(kFloat64).mean().item<double>();

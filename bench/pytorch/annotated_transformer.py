@@ -1,7 +1,7 @@
 """The Annotated Transformer (Harvard NLP, 2022 version), the parts a training step runs: the model
 (make_model), Batch, LabelSmoothing and SimpleLossCompute, the Noam `rate`, and the original's
 greedy_decode (one sequence). Same structure and initialisation (xavier_uniform_ on every
-matrix) as the original and as Ember's nn/transformer.* and nn/copy_task.*, so bench_torch.py
+matrix) as the original and as Ember's nn/transformer.* and examples/copy_task.h, so bench_torch.py
 times the same computation as ember_bench. As in Ember's API, the layer norms are
 torch.nn.LayerNorm(d_model, eps=1e-6) (the original's a_2/b_2 module divides by std + eps
 instead).

@@ -1,12 +1,14 @@
 """Golden values for tests/test_transformer.cpp: the Annotated Transformer (harvardnlp, 2022
-edition, bench/pytorch/annotated_transformer.py), with torch.nn.LayerNorm(eps=1e-6) in place of
-its hand-written LayerNorm (SPEC.md B.4). A seeded model (N=2, d_model=32, d_ff=64, h=4,
-V=11) is saved as transformer_model.safetensors (its parameters, Float32, written by hand), then
-run in Float64 and eval mode on a fixed padded batch: log-probabilities, the label-smoothed KL
-loss per token, some parameter gradients and the original's greedy decoding of each source row
-go to transformer.json; the parameter names and shapes in PyTorch's order, and the groups of
-parameters equal at initialisation, to transformer_names.json; six training steps, with dropout off and with Ember's dropout masks, to
-transformer_train.json. Run with Debian's python3-torch: /usr/bin/python3 gen_transformer.py"""
+edition, bench/pytorch/annotated_transformer.py), with torch.nn.LayerNorm(eps=1e-6) in place of its
+hand-written LayerNorm (the original divides by the unbiased std + eps; Ember uses
+torch.nn.LayerNorm's biased variance, a documented difference). A seeded model (N=2, d_model=32,
+d_ff=64, h=4, V=11) is saved as transformer_model.safetensors (its parameters, Float32, written by
+hand), then run in Float64 and eval mode on a fixed padded batch: log-probabilities, the
+label-smoothed KL loss per token, some parameter gradients and the original's greedy decoding of
+each source row go to transformer.json; the parameter names and shapes in PyTorch's order, and the
+groups of parameters equal at initialisation, to transformer_names.json; six training steps, with
+dropout off and with Ember's dropout masks, to transformer_train.json. Run with Debian's
+python3-torch: /usr/bin/python3 gen_transformer.py"""
 import json
 import os
 import struct
