@@ -49,7 +49,7 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
 }
 
 // Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
-// "dtype": "float64"|"int64"|"bool", "data": [...]}}.
+// "dtype": "float64"|"int64"|"bool", "data": [...]}}, or {"name": {"text": "..."}}.
 class Golden {
  public:
   explicit Golden(const std::string& file) {
@@ -67,6 +67,11 @@ class Golden {
     return from_vector(data, shape, dtype == "bool" ? kBool : kFloat64);
   }
   bool contains(const std::string& name) const { return json_.contains(name); }
+  // A text entry {"text": "..."}.
+  std::string text(const std::string& name) const {
+    BOOST_TEST_REQUIRE(json_.contains(name), "golden value " << name << " missing");
+    return json_.at(name).at("text").get<std::string>();
+  }
 
  private:
   nlohmann::json json_;

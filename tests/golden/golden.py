@@ -9,6 +9,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def entry(t):
+    if isinstance(t, str):
+        return {"text": t}
     t = torch.as_tensor(t).detach()
     if t.dtype == torch.bool:
         dtype = "bool"
@@ -23,7 +25,7 @@ def entry(t):
 
 
 def write(name, values):
-    """values: dict name -> tensor. Writes tests/golden/<name>.json."""
+    """values: dict name -> tensor (or str). Writes tests/golden/<name>.json."""
     path = os.path.join(HERE, name + ".json")
     with open(path, "w") as f:
         json.dump({k: entry(v) for k, v in values.items()}, f, separators=(",", ":"))
