@@ -130,7 +130,7 @@ def main():
                 for x, g in zip(floating, grads):
                     i = next(k for k, y in enumerate(inputs) if y is x)
                     values[f"{name}.g{i}"] = torch.zeros_like(x) if g is None else g
-    write("op_tables", values)
+    write("op_tables", values, one_per_line=True)
 
 
 if __name__ == "__main__":
