@@ -31,6 +31,8 @@
 // literal; a test fails naming the row when op_tables.json is missing it or predates a change.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -63,18 +65,10 @@ using OpTable = std::vector<OpCase>;
 
 namespace detail {
 
+// Names as the rows spell them (and gen_op_tables.py reads them).
 inline std::string_view domain_name(Domain d) {
-  switch (d) {
-    case Real:
-      return "Real";
-    case Positive:
-      return "Positive";
-    case Integer:
-      return "Integer";
-    case Bool:
-      return "Bool";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"Real", "Positive", "Integer", "Bool"};
+  return names[static_cast<int>(d)];
 }
 
 // The row as gen_op_tables.py prints it: a golden entry made from another row is stale.
@@ -115,17 +109,9 @@ inline std::vector<Layout> layouts(const OpCase& c) {
 }
 
 inline std::string_view layout_name(Layout layout) {
-  switch (layout) {
-    case Layout::Contiguous:
-      return "contiguous";
-    case Layout::Transposed:
-      return "transposed";
-    case Layout::Narrowed:
-      return "narrowed";
-    case Layout::Mixed:
-      return "first input transposed";
-  }
-  return "?";
+  constexpr std::string_view names[] = {"contiguous", "transposed", "narrowed",
+                                        "first input transposed"};
+  return names[static_cast<int>(layout)];
 }
 
 // The layout of input i.
