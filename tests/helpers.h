@@ -49,7 +49,7 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
 }
 
 // Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
-// "dtype": "float64"|"int64"|"bool", "data": [...]}}.
+// "dtype": "float64"|"int64"|"bool", "data": [...]}}, or {"name": {"text": "..."}}.
 class Golden {
  public:
   explicit Golden(const std::string& file) {
@@ -67,6 +67,11 @@ class Golden {
     return from_vector(data, shape, dtype == "bool" ? kBool : kFloat64);
   }
   bool contains(const std::string& name) const { return json_.contains(name); }
+  // A text entry {"text": "..."}.
+  std::string text(const std::string& name) const {
+    BOOST_TEST_REQUIRE(json_.contains(name), "golden value " << name << " missing");
+    return json_.at(name).at("text").get<std::string>();
+  }
 
  private:
   nlohmann::json json_;
@@ -96,60 +101,5 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
 }
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-// gradcheck of f on leaves of `shapes`, then on the same values reached through non-contiguous
-// views: a transpose of dims 0 and -1, and a narrow of a wider leaf.
-inline void check_variants(const std::string& name, const Fn& f, const std::vector<Shape>& shapes) {
-  std::vector<Tensor> plain;
-  for (const Shape& s : shapes) plain.push_back(leaf(s));
-  check_gradient(f, plain, name);
-
-  std::vector<Tensor> swapped;
-  for (const Shape& s : shapes) {
-    Shape t = s;
-    if (t.size() >= 2) std::swap(t.front(), t.back());
-    swapped.push_back(leaf(t));
-  }
-  check_gradient(
-      [&](const std::vector<Tensor>& in) {
-        std::vector<Tensor> views;
-        for (const Tensor& x : in) views.push_back(x.dim() >= 2 ? x.transpose(0, -1) : x);
-        return f(views);
-      },
-      swapped, name + " (transposed)");
-
-  std::vector<Tensor> wide;
-  for (const Shape& s : shapes) {
-    Shape w = s;
-    if (!w.empty()) w.back() += 2;
-    wide.push_back(leaf(w));
-  }
-  check_gradient(
-      [&](const std::vector<Tensor>& in) {
-        std::vector<Tensor> views;
-        for (const Tensor& x : in)
-          views.push_back(x.dim() >= 1 ? x.narrow(-1, 1, x.size(-1) - 2) : x);
-        return f(views);
-      },
-      wide, name + " (narrowed)");
-}
-
-// f on golden inputs matches PyTorch in Float64 and, looser, in Float32.
-inline void check_golden(const Golden& g, const std::string& name, const Fn& f, int inputs) {
-  std::vector<Tensor> in64, in32;
-  for (int i = 0; i < inputs; ++i) {
-    Tensor x = g[name + ".in" + std::to_string(i)];
-    in64.push_back(x);
-    in32.push_back(x.to(kFloat32));
-  }
-  const Tensor expected = g[name + ".out"];
-  const Tensor out64 = f(in64);
-  if (expected.dtype() == kBool || expected.dtype() == kInt64) {
-    BOOST_TEST((out64.to_vector<int64_t>() == expected.to_vector<int64_t>()), name);
-    return;
-  }
-  expect_close(out64, expected, 1e-12, 1e-12, name + " (Float64)");
-  expect_close(f(in32), expected, 1e-5, 1e-5, name + " (Float32)");
-}
 
 }  // namespace ember::testing

@@ -1,23 +1,153 @@
-// Losses: PyTorch golden values for every reduction, gradcheck for every reduction (ignored
-// targets, label smoothing, broadcast and non-contiguous inputs), Float32 against Float64,
-// consistency between the fused and composed forms, and every error message.
+// Losses: one table of cases (tests/op_table.h) drives, for every reduction, gradcheck on several
+// layouts, the PyTorch golden values and gradients and the edge cases (ignored targets, label
+// smoothing, broadcast, size-1 and 0-d inputs); then zero targets of kl_div, consistency between
+// the fused and composed forms, and every error message.
 #include <boost/test/unit_test.hpp>
 
-#include "ember.h"
-#include "helpers.h"
+#include "tests/op_table.h"
 
 using namespace ember;
 using namespace ember::testing;
 
 namespace {
 
-const std::vector<std::pair<std::string, Reduction>> kReductions = {
-    {"none", Reduction::None}, {"mean", Reduction::Mean}, {"sum", Reduction::Sum}};
+using enum Reduction;
 
+const std::vector<std::pair<std::string, Reduction>> kReductions = {
+    {"none", None}, {"mean", Mean}, {"sum", Sum}};
+
+// Int64 targets: 1-D, or one 0-d.
 Tensor targets(std::vector<int64_t> v) {
   const int64_t n = static_cast<int64_t>(v.size());
   return from_vector(std::move(v), {n});
 }
+Tensor target(int64_t t) { return from_vector(std::vector<int64_t>{t}, {}); }
+
+// One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
+// row, run /usr/bin/python3 tests/golden/gen_op_tables.py. The rows are laid out by hand as a
+// table (one line each, more when long), out of clang-format's reach. Targets are constants
+// inside the row (targets() here, torch.tensor() in the expression); Reduction's enumerators
+// are in scope.
+// clang-format off
+const OpTable kLossOps = {
+    // mse_loss: same shapes, a broadcast target, size-1 dims, 0-d
+    {"mse_loss none", "F.mse_loss(a, b, reduction='none')",
+     {{3, 4}, {3, 4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], None); }},
+    {"mse_loss mean", "F.mse_loss(a, b)",
+     {{3, 4}, {3, 4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
+    {"mse_loss sum", "F.mse_loss(a, b, reduction='sum')",
+     {{3, 4}, {3, 4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Sum); }},
+    {"mse_loss broadcast target none", "F.mse_loss(a, b, reduction='none')",
+     {{3, 4}, {4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], None); }},
+    {"mse_loss broadcast target mean", "F.mse_loss(a, b)",
+     {{3, 4}, {4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
+    {"mse_loss broadcast target sum", "F.mse_loss(a, b, reduction='sum')",
+     {{3, 4}, {4}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Sum); }},
+    {"mse_loss size-1 dims none", "F.mse_loss(a, b, reduction='none')",
+     {{1, 4}, {3, 1}}, {}, [](auto& v) { return mse_loss(v[0], v[1], None); }},
+    {"mse_loss size-1 dims mean", "F.mse_loss(a, b)",
+     {{1, 4}, {3, 1}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
+    {"mse_loss size-1 dims sum", "F.mse_loss(a, b, reduction='sum')",
+     {{1, 4}, {3, 1}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Sum); }},
+    {"mse_loss 0-d none", "F.mse_loss(a, b, reduction='none')",
+     {{}, {}}, {}, [](auto& v) { return mse_loss(v[0], v[1], None); }},
+    {"mse_loss 0-d mean", "F.mse_loss(a, b)",
+     {{}, {}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
+    {"mse_loss 0-d sum", "F.mse_loss(a, b, reduction='sum')",
+     {{}, {}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Sum); }},
+    // nll_loss: ignored targets (-100, then 7), a 1-D input with a 0-d target
+    {"nll_loss none", "F.nll_loss(a, torch.tensor([1, 0, -100, 3, 1]), reduction='none')",
+     {{5, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({1, 0, -100, 3, 1}), None); }},
+    {"nll_loss mean", "F.nll_loss(a, torch.tensor([1, 0, -100, 3, 1]))",
+     {{5, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({1, 0, -100, 3, 1}), Mean); }},
+    {"nll_loss sum", "F.nll_loss(a, torch.tensor([1, 0, -100, 3, 1]), reduction='sum')",
+     {{5, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({1, 0, -100, 3, 1}), Sum); }},
+    {"nll_loss ignore_index 7 none", "F.nll_loss(a, torch.tensor([2, 7, 2]), reduction='none', "
+     "ignore_index=7)",
+     {{3, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({2, 7, 2}), None, 7); }},
+    {"nll_loss ignore_index 7 mean", "F.nll_loss(a, torch.tensor([2, 7, 2]), ignore_index=7)",
+     {{3, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({2, 7, 2}), Mean, 7); }},
+    {"nll_loss ignore_index 7 sum", "F.nll_loss(a, torch.tensor([2, 7, 2]), reduction='sum', "
+     "ignore_index=7)",
+     {{3, 4}}, {}, [](auto& v) { return nll_loss(v[0], targets({2, 7, 2}), Sum, 7); }},
+    {"nll_loss 1-D none", "F.nll_loss(a, torch.tensor(2), reduction='none')",
+     {{4}}, {}, [](auto& v) { return nll_loss(v[0], target(2), None); }},
+    {"nll_loss 1-D mean", "F.nll_loss(a, torch.tensor(2))",
+     {{4}}, {}, [](auto& v) { return nll_loss(v[0], target(2), Mean); }},
+    {"nll_loss 1-D sum", "F.nll_loss(a, torch.tensor(2), reduction='sum')",
+     {{4}}, {}, [](auto& v) { return nll_loss(v[0], target(2), Sum); }},
+    // cross_entropy: ignore_index 2 with label smoothing 0, 0.1 and 1; a 1-D input; one class
+    {"cross_entropy none", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), reduction='none')",
+     {{6, 5}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), None); }},
+    {"cross_entropy mean", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]))",
+     {{6, 5}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Mean); }},
+    {"cross_entropy sum", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), reduction='sum')",
+     {{6, 5}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Sum); }},
+    {"cross_entropy ignore_index 2 none", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='none', ignore_index=2)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), None, 2); }},
+    {"cross_entropy ignore_index 2 mean", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "ignore_index=2)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Mean, 2); }},
+    {"cross_entropy ignore_index 2 sum", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='sum', ignore_index=2)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Sum, 2); }},
+    {"cross_entropy smoothing 0.1 none", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='none', ignore_index=2, label_smoothing=0.1)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), None, 2, 0.1); }},
+    {"cross_entropy smoothing 0.1 mean", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "ignore_index=2, label_smoothing=0.1)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Mean, 2, 0.1); }},
+    {"cross_entropy smoothing 0.1 sum", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='sum', ignore_index=2, label_smoothing=0.1)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Sum, 2, 0.1); }},
+    {"cross_entropy smoothing 1 none", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='none', ignore_index=2, label_smoothing=1.0)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), None, 2, 1.0); }},
+    {"cross_entropy smoothing 1 mean", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "ignore_index=2, label_smoothing=1.0)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Mean, 2, 1.0); }},
+    {"cross_entropy smoothing 1 sum", "F.cross_entropy(a, torch.tensor([0, 4, 2, 1, 3, 2]), "
+     "reduction='sum', ignore_index=2, label_smoothing=1.0)",
+     {{6, 5}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 2}), Sum, 2, 1.0); }},
+    {"cross_entropy 1-D none", "F.cross_entropy(a, torch.tensor(3), reduction='none', "
+     "label_smoothing=0.2)",
+     {{5}}, {}, [](auto& v) { return cross_entropy(v[0], target(3), None, -100, 0.2); }},
+    {"cross_entropy 1-D mean", "F.cross_entropy(a, torch.tensor(3), label_smoothing=0.2)",
+     {{5}}, {}, [](auto& v) { return cross_entropy(v[0], target(3), Mean, -100, 0.2); }},
+    {"cross_entropy 1-D sum", "F.cross_entropy(a, torch.tensor(3), reduction='sum', "
+     "label_smoothing=0.2)",
+     {{5}}, {}, [](auto& v) { return cross_entropy(v[0], target(3), Sum, -100, 0.2); }},
+    {"cross_entropy one class none", "F.cross_entropy(a, torch.tensor([0, 0]), reduction='none')",
+     {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), None); }},
+    {"cross_entropy one class mean", "F.cross_entropy(a, torch.tensor([0, 0]))",
+     {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Mean); }},
+    {"cross_entropy one class sum", "F.cross_entropy(a, torch.tensor([0, 0]), reduction='sum')",
+     {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Sum); }},
+    // kl_div: a positive target, differentiable too; then a broadcast one
+    {"kl_div none", "F.kl_div(a, b, reduction='none')",
+     {{3, 4}, {3, 4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], None); }},
+    {"kl_div mean", "F.kl_div(a, b)",
+     {{3, 4}, {3, 4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], Mean); }},
+    {"kl_div sum", "F.kl_div(a, b, reduction='sum')",
+     {{3, 4}, {3, 4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], Sum); }},
+    {"kl_div broadcast target none", "F.kl_div(a, b, reduction='none')",
+     {{3, 4}, {4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], None); }},
+    {"kl_div broadcast target mean", "F.kl_div(a, b)",
+     {{3, 4}, {4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], Mean); }},
+    {"kl_div broadcast target sum", "F.kl_div(a, b, reduction='sum')",
+     {{3, 4}, {4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], Sum); }},
+};
+// clang-format on
 
 // Gradcheck of f for every reduction, then Float32 forward against Float64. Int64 inputs pass
 // through unchanged.
@@ -38,63 +168,22 @@ void check_all_reductions(const std::string& what,
 
 BOOST_AUTO_TEST_SUITE(test_loss)
 
-BOOST_AUTO_TEST_CASE(golden_values) {
+BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }
+
+// kl_div with zeros in the target (ops.json): zero entries contribute 0.
+BOOST_AUTO_TEST_CASE(kl_div_zero_targets_golden) {
   Golden g("ops.json");
-  for (const auto& [name, r] : kReductions) {
-    expect_close(mse_loss(g["mse_a"], g["mse_t"], r), g["mse_" + name], 1e-12, 1e-12, "mse");
-    expect_close(mse_loss(g["mse_a"], g["mse_tb"], r), g["mse_bcast_" + name], 1e-12, 1e-12,
-                 "mse broadcast");
-    expect_close(nll_loss(g["nll_lp"], g["nll_t"], r), g["nll_" + name], 1e-12, 1e-12, "nll");
-    expect_close(cross_entropy(g["ce_x"], g["ce_t"], r), g["ce_" + name], 1e-12, 1e-12, "ce");
-    expect_close(cross_entropy(g["ce_x"], g["ce_t"], r, 2, 0.1), g["ce_ls_" + name], 1e-12, 1e-12,
-                 "ce smoothed");
-    expect_close(kl_div(g["kl_lp"], g["kl_t"], r), g["kl_" + name], 1e-12, 1e-12, "kl");
-  }
-  expect_close(nll_loss(g["nll1_lp"], from_vector(std::vector<int64_t>{4}, {}), Reduction::Sum),
-               g["nll1_sum"], 1e-12, 1e-12, "nll 1-D");
-  expect_close(cross_entropy(g["ce1_x"], g["ce1_t"], Reduction::Mean, -100, 0.2), g["ce1_ls_mean"],
-               1e-12, 1e-12, "ce 1-D");
+  for (const auto& [name, r] : kReductions)
+    expect_close(kl_div(g["kl_lp"], g["kl_t"], r), g["kl_" + name], 1e-12, 1e-12, "kl " + name);
+  Tensor lp = g["kl_lp"].requires_grad_();
+  kl_div(lp, g["kl_t"], Sum).backward();
+  expect_close(lp.grad(), g["kl_grad_sum"], 1e-12, 1e-12, "kl grad");
 }
 
-BOOST_AUTO_TEST_CASE(golden_gradients) {
-  Golden g("ops.json");
-  const auto grad = [](const Tensor& x, const std::function<Tensor(const Tensor&)>& f,
-                       const Tensor& up = {}) {
-    Tensor l = x.detach().clone().requires_grad_();
-    f(l).backward(up);
-    return l.grad();
-  };
-  expect_close(grad(g["mse_a"], [&](const Tensor& a) { return mse_loss(a, g["mse_t"]); }),
-               g["mse_grad_mean"], 1e-12, 1e-12, "mse");
-  expect_close(grad(g["nll_lp"], [&](const Tensor& a) { return nll_loss(a, g["nll_t"]); }),
-               g["nll_grad_mean"], 1e-12, 1e-12, "nll");
-  expect_close(
-      grad(g["ce_x"],
-           [&](const Tensor& a) { return cross_entropy(a, g["ce_t"], Reduction::Mean, 2, 0.1); }),
-      g["ce_ls_grad_mean"], 1e-10, 1e-12, "ce mean");
-  expect_close(
-      grad(
-          g["ce_x"],
-          [&](const Tensor& a) { return cross_entropy(a, g["ce_t"], Reduction::None, 2, 0.1); },
-          g["ce_up"]),
-      g["ce_ls_grad_none"], 1e-10, 1e-12, "ce none");
-  expect_close(
-      grad(g["kl_lp"], [&](const Tensor& a) { return kl_div(a, g["kl_t"], Reduction::Sum); }),
-      g["kl_grad_sum"], 1e-12, 1e-12, "kl");
-}
-
-BOOST_AUTO_TEST_CASE(mse_loss_gradcheck) {
+BOOST_AUTO_TEST_CASE(mse_loss_target_without_grad) {
   manual_seed(1);
-  const auto f = [](const std::vector<Tensor>& v, Reduction r) { return mse_loss(v[0], v[1], r); };
-  check_all_reductions("mse", f, {leaf({3, 4}), leaf({3, 4})});
-  check_all_reductions("mse broadcast target", f, {leaf({3, 4}), leaf({4})});
-  check_all_reductions("mse size-1 dims", f, {leaf({1, 4}), leaf({3, 1})});
-  check_all_reductions("mse transposed",
-                       [](const std::vector<Tensor>& v, Reduction r) {
-                         return mse_loss(v[0].transpose(0, 1), v[1], r);
-                       },
-                       {leaf({4, 3}), leaf({3, 4})});
-  check_all_reductions("mse 0-d", f, {leaf({}), leaf({})});
   // Only the input requires grad: the target gets none.
   Tensor a = leaf({2, 2});
   const Tensor t = randn({2, 2}, kFloat64);
@@ -106,52 +195,11 @@ BOOST_AUTO_TEST_CASE(mse_loss_gradcheck) {
              boost::test_tools::tolerance(1e-12));
 }
 
-BOOST_AUTO_TEST_CASE(nll_loss_gradcheck) {
-  manual_seed(2);
-  const Tensor t = targets({1, 0, -100, 3, 1});
-  check_all_reductions("nll", [&](const auto& v, Reduction r) { return nll_loss(v[0], t, r); },
-                       {leaf({5, 4})});
-  const Tensor t2 = targets({2, 7, 2});  // ignore_index 7
-  check_all_reductions(
-      "nll ignore_index transposed",
-      [&](const auto& v, Reduction r) { return nll_loss(v[0].transpose(0, 1), t2, r, 7); },
-      {leaf({4, 3})});
-  const Tensor t0 = from_vector(std::vector<int64_t>{2}, {});
-  check_all_reductions("nll 1-D", [&](const auto& v, Reduction r) { return nll_loss(v[0], t0, r); },
-                       {leaf({4})});
+BOOST_AUTO_TEST_CASE(nll_loss_every_target_ignored) {
   // Every target ignored: the mean is 0 / 0, as torch.
   const Tensor all = targets({-100, -100});
   BOOST_TEST(std::isnan(nll_loss(zeros({2, 3}), all).item<double>()));
   BOOST_TEST(nll_loss(zeros({2, 3}), all, Reduction::Sum).item<double>() == 0.0);
-}
-
-BOOST_AUTO_TEST_CASE(cross_entropy_gradcheck) {
-  manual_seed(3);
-  const Tensor t = targets({0, 4, 2, 1, 3, 2});
-  for (double eps : {0.0, 0.1, 1.0}) {
-    check_all_reductions(
-        fmt::format("ce smoothing {}", eps),
-        [&](const auto& v, Reduction r) { return cross_entropy(v[0], t, r, 2, eps); },
-        {leaf({6, 5}, 2.0)});
-  }
-  check_all_reductions("ce transposed logits",
-                       [&](const auto& v, Reduction r) {
-                         return cross_entropy(v[0].transpose(0, 1), t, r, -100, 0.1);
-                       },
-                       {leaf({5, 6})});
-  check_all_reductions(
-      "ce narrowed logits",
-      [&](const auto& v, Reduction r) { return cross_entropy(v[0].narrow(1, 1, 5), t, r); },
-      {leaf({6, 7})});
-  const Tensor t0 = from_vector(std::vector<int64_t>{1}, {});
-  check_all_reductions(
-      "ce 1-D", [&](const auto& v, Reduction r) { return cross_entropy(v[0], t0, r, -100, 0.2); },
-      {leaf({3})});
-  check_all_reductions("ce one class",
-                       [&](const auto& v, Reduction r) {
-                         return cross_entropy(v[0], targets({0, 0}), r);
-                       },
-                       {leaf({2, 1})});
 }
 
 BOOST_AUTO_TEST_CASE(cross_entropy_matches_composed_form) {
@@ -185,16 +233,12 @@ BOOST_AUTO_TEST_CASE(cross_entropy_matches_composed_form) {
   BOOST_TEST(x.cross_entropy(t).item<double>() == cross_entropy(x, t).item<double>());
 }
 
-BOOST_AUTO_TEST_CASE(kl_div_gradcheck) {
+BOOST_AUTO_TEST_CASE(kl_div_zero_targets_gradcheck) {
   manual_seed(5);
   Tensor target = softmax(randn({3, 4}, kFloat64), 1);
   target.narrow(1, 1, 1).fill_(0.0);  // zeros in the target contribute 0
   check_all_reductions("kl", [&](const auto& v, Reduction r) { return kl_div(v[0], target, r); },
                        {leaf({3, 4})});
-  // Differentiable in a positive target too, and broadcasting.
-  check_all_reductions(
-      "kl both", [](const auto& v, Reduction r) { return kl_div(v[0], softmax(v[1], -1), r); },
-      {leaf({3, 4}), leaf({4})});
   // Zero target entries: loss 0 whatever the input.
   const Tensor z = kl_div(full({2}, -1e30, kFloat64), zeros({2}, kFloat64), Reduction::None);
   BOOST_TEST((z.to_vector<double>() == std::vector<double>{0.0, 0.0}));
@@ -253,7 +297,6 @@ BOOST_AUTO_TEST_CASE(errors) {
   expect_error([&] { mse_loss(zeros({2, 3}), zeros({4})); }, {"mse_loss", "[2, 3]", "[4]"});
   expect_error([&] { mse_loss(zeros({2}, kInt64), zeros({2})); }, {"mse_loss", "Int64"});
   expect_error([&] { kl_div(zeros({2, 3}), zeros({3, 2})); }, {"kl_div", "[2, 3]", "[3, 2]"});
-  expect_error([&] { kl_div(zeros({2}), Tensor()); }, {"kl_div", "undefined"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

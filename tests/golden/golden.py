@@ -9,6 +9,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def entry(t):
+    if isinstance(t, str):
+        return {"text": t}
     t = torch.as_tensor(t).detach()
     if t.dtype == torch.bool:
         dtype = "bool"
@@ -22,10 +24,16 @@ def entry(t):
     return {"shape": list(t.shape), "dtype": dtype, "data": data}
 
 
-def write(name, values):
-    """values: dict name -> tensor. Writes tests/golden/<name>.json."""
+def write(name, values, one_per_line=False):
+    """values: dict name -> tensor (or str). Writes tests/golden/<name>.json, on one line or
+    with one entry a line (diffs then show which entries changed)."""
     path = os.path.join(HERE, name + ".json")
+    entries = {k: entry(v) for k, v in values.items()}
     with open(path, "w") as f:
-        json.dump({k: entry(v) for k, v in values.items()}, f, separators=(",", ":"))
+        if one_per_line:
+            f.write("{\n" + ",\n".join(json.dumps(k) + ":" + json.dumps(v, separators=(",", ":"))
+                                       for k, v in entries.items()) + "\n}")
+        else:
+            json.dump(entries, f, separators=(",", ":"))
         f.write("\n")
     print("wrote", path, len(values), "values")
