@@ -8,8 +8,6 @@ namespace ember {
 
 // The ops of this family that are also Tensor methods are declared in graph/tensor_ops.def.
 
-// x @ weight^T + bias for x (..., in), weight (out, in), bias (out) or undefined.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // Kernel building block for fused ops, no autograd: c = alpha · a · b + beta · c on 2-D views of
 // one floating dtype, a (m, k), b (k, n), c (m, n). a and b are read as they lie (a transposed
