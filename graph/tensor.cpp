@@ -2,6 +2,7 @@
 // conversion, copies, the autograd entry points, and printing.
 #include "graph/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -166,6 +167,47 @@ Tensor empty(const Shape& shape, DType dtype) {
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
   return Tensor(std::make_shared<TensorImpl>(base.impl()->storage, offset, std::move(shape),
                                              std::move(strides), base.dtype()));
+}
+
+// --- overlap: Note [In-place overlap] in graph/tensor.h
+
+bool has_internal_overlap(const Tensor& t) {
+  if (t.numel() <= 1) return false;
+  // Dims of size > 1 by increasing stride: the tensor is free of overlap when each stride
+  // exceeds the farthest offset reachable through the smaller ones.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.shape()[d] > 1) dims.emplace_back(std::abs(t.strides()[d]), t.shape()[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest offset the smaller dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return true;
+    reach += stride * (size - 1);
+  }
+  return false;
+}
+
+namespace {
+// The element offsets [lo, hi] that t touches in its storage.
+std::pair<int64_t, int64_t> memory_span(const Tensor& t) {
+  int64_t lo = t.storage_offset(), hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t extent = t.strides()[d] * (t.shape()[d] - 1);
+    (extent < 0 ? lo : hi) += extent;
+  }
+  return {lo, hi};
+}
+}  // namespace
+
+bool partially_overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  if (a.impl()->storage != b.impl()->storage) return false;
+  if (a.storage_offset() == b.storage_offset() && a.shape() == b.shape() &&
+      a.strides() == b.strides() && a.dtype() == b.dtype())
+    return false;  // the same view
+  const auto [alo, ahi] = memory_span(a);
+  const auto [blo, bhi] = memory_span(b);
+  return alo <= bhi && blo <= ahi;
 }
 
 // --- metadata

@@ -157,6 +157,19 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 // Row-major strides of a contiguous tensor of `shape`.
 Shape contiguous_strides(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
+// Note [In-place overlap]
+// An in-place write is refused where its result would depend on the order elements are written,
+// as torch refuses it: the written tensor has internal overlap (an expanded view: several
+// elements are one memory location), or an operand partially overlaps it (shares some memory
+// locations but is not the very same view, e.g. a.add_(a.t())). The same view (a.add_(a)) is
+// fine: each element reads itself before it is written.
+//
+// True when some memory location backs several elements of t (a stride 0 over a size > 1, or
+// strides that interleave); checked conservatively.
+bool has_internal_overlap(const Tensor& t);
+// True when a and b share memory locations without being the same view of the same storage.
+bool partially_overlaps(const Tensor& a, const Tensor& b);
+
 // Wraps a possibly negative dim into [0, ndim); throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t ndim, std::string_view op);
 
