@@ -8,26 +8,18 @@
 #include "graph/copy.h"
 #include "graph/creation.h"
 #include "graph/profile.h"
+#include "ops/common.h"
 #include "ops/kernels.h"
 
 namespace ember {
 
 namespace {
 
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
-
-Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
-
 // The dtype two operands compute in: torch's promotion, with Bool arithmetic done in Int64.
 DType arith_type(const Tensor& a, const Tensor& b) {
   const DType t = promote(a.dtype(), b.dtype());
   return t == kBool ? kInt64 : t;
 }
-
-// Integral inputs of math functions (exp, log, ...) compute in Float32, as torch.
-Tensor as_floating(const Tensor& x) { return is_floating(x.dtype()) ? x : x.to(kFloat32); }
 
 // f(a, b) in the promoted dtype, broadcasting.
 template <class F>
@@ -640,6 +632,5 @@ Tensor operator!=(const Tensor& a, double b) { return ne(a, b); }
 Tensor operator!(const Tensor& mask) { return logical_not(mask); }
 Tensor operator&(const Tensor& a, const Tensor& b) { return logical_and(a, b); }
 Tensor operator|(const Tensor& a, const Tensor& b) { return logical_or(a, b); }
-
 
 }  // namespace ember

@@ -11,31 +11,13 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
-
-// t[..., start:start+length, ...] along dim, as a view without autograd.
-Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
-  Shape shape = t.shape();
-  shape[dim] = length;
-  return make_view(t, shape, t.strides(), t.storage_offset() + start * t.stride(dim));
-}
-
-// t[..., i, ...] along dim (that dim removed), as a view without autograd.
-Tensor select(const Tensor& t, int64_t dim, int64_t i) {
-  Shape shape = t.shape(), strides = t.strides();
-  shape.erase(shape.begin() + dim);
-  strides.erase(strides.begin() + dim);
-  return make_view(t, shape, strides, t.storage_offset() + i * t.stride(dim));
-}
 
 // Calls line(offsets) once for every line of `shape` along `dim`, with each operand's element
 // offset of that line's first element. The operands may differ in size along `dim` only. Lines
@@ -183,8 +165,8 @@ struct CatBackward final : Node {
     int64_t offset = 0;
     for (size_t i = 0; i < sizes_.size(); ++i) {
       if (needs_grad(i))
-        grad_inputs[i] =
-            stacked_ ? select(g, dim_, static_cast<int64_t>(i)) : slice(g, dim_, offset, sizes_[i]);
+        grad_inputs[i] = stacked_ ? select_view(g, dim_, static_cast<int64_t>(i))
+                                  : narrow_view(g, dim_, offset, sizes_[i]);
       offset += sizes_[i];
     }
     return grad_inputs;
@@ -236,7 +218,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = empty(out_shape, first.dtype());
   int64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].numel() > 0) copy_into(slice(out, d, offset, sizes[i]), tensors[i]);
+    if (tensors[i].numel() > 0) copy_into(narrow_view(out, d, offset, sizes[i]), tensors[i]);
     offset += sizes[i];
   }
   if (any_requires_grad(tensors))
@@ -260,7 +242,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   out_shape.insert(out_shape.begin() + d, n);
   Tensor out = empty(out_shape, first.dtype());
   if (out.numel() > 0)
-    for (int64_t i = 0; i < n; ++i) copy_into(select(out, d, i), tensors[i]);
+    for (int64_t i = 0; i < n; ++i) copy_into(select_view(out, d, i), tensors[i]);
   if (any_requires_grad(tensors))
     connect(std::make_shared<CatBackward>("StackBackward", d, std::vector<int64_t>(n, 1), true),
             tensors, {&out});

@@ -14,6 +14,7 @@
 #include "graph/copy.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/reduce.h"
 
 namespace ember {
@@ -258,20 +259,6 @@ Tensor mT(const Tensor& x) {
   return make_view(x, shape, strides, x.storage_offset());
 }
 
-// x with a size-1 dim inserted at d, or the size-1 dim d removed, as views (no autograd).
-Tensor unsqueeze_view(const Tensor& x, int64_t d) {
-  Shape shape = x.shape(), strides = x.strides();
-  shape.insert(shape.begin() + d, 1);
-  strides.insert(strides.begin() + d, d < x.dim() ? x.stride(d) * x.size(d) : 1);
-  return make_view(x, shape, strides, x.storage_offset());
-}
-Tensor drop_dim(const Tensor& x, int64_t d) {
-  Shape shape = x.shape(), strides = x.strides();
-  shape.erase(shape.begin() + d);
-  strides.erase(strides.begin() + d);
-  return make_view(x, shape, strides, x.storage_offset());
-}
-
 // torch.matmul's unit dims: a 1-D left operand is a row (1, k), a 1-D right operand a column.
 Tensor as_left_matrix(const Tensor& a) { return a.dim() == 1 ? unsqueeze_view(a, 0) : a; }
 Tensor as_right_matrix(const Tensor& b) { return b.dim() == 1 ? unsqueeze_view(b, 1) : b; }
@@ -315,15 +302,6 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return mm(a, b, batch_shape(a, b, a.shape(), b.shape()));
 }
 
-void check_float_operands(const Tensor& a, const Tensor& b, std::string_view op) {
-  EMBER_CHECK(a.defined() && b.defined(), "{}: undefined tensor", op);
-  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
-              "{}: expected Float32 or Float64 tensors, got {} and {} (shapes {} and {})", op,
-              a.dtype(), b.dtype(), a.shape(), b.shape());
-}
-
-Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
-
 }  // namespace
 
 // --- matmul
@@ -346,7 +324,7 @@ struct MatmulBackward final : Node {
     if (needs_grad(0)) {
       // dA = dC · Bᵀ
       grad_a = mm(g, mT(b_.get()));
-      if (a_vec_) grad_a = drop_dim(grad_a, grad_a.dim() - 2);
+      if (a_vec_) grad_a = select_view(grad_a, grad_a.dim() - 2, 0);
     }
     if (needs_grad(1)) {
       const Tensor& a = a_.get();
@@ -359,7 +337,7 @@ struct MatmulBackward final : Node {
         // dB = Aᵀ · dC
         grad_b = mm(mT(a), g);
       }
-      if (b_vec_) grad_b = drop_dim(grad_b, grad_b.dim() - 1);
+      if (b_vec_) grad_b = select_view(grad_b, grad_b.dim() - 1, 0);
     }
     return {grad_a, grad_b};
   }
@@ -369,14 +347,13 @@ struct MatmulBackward final : Node {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   profile::Scope scope("matmul");
-  check_float_operands(a, b, "matmul");
+  const DType dtype = floating_type(a, b, "matmul");
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
               "matmul: both arguments need at least 1 dim, got shapes {} and {}", a.shape(),
               b.shape());
   const int64_t ka = a.size(-1), kb = b.size(b.dim() == 1 ? 0 : -2);
   EMBER_CHECK(ka == kb, "matmul: shapes {} and {} cannot be multiplied ({} != {})", a.shape(),
               b.shape(), ka, kb);
-  const DType dtype = promote(a.dtype(), b.dtype());
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
   const Tensor a2 = as_left_matrix(x), b2 = as_right_matrix(y);
   const Shape batch = batch_shape(a2, b2, a.shape(), b.shape());
@@ -408,14 +385,13 @@ struct BmmBackward final : Node {
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   profile::Scope scope("bmm");
-  check_float_operands(a, b, "bmm");
+  const DType dtype = floating_type(a, b, "bmm");
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes {} and {}",
               a.shape(), b.shape());
   EMBER_CHECK(a.size(0) == b.size(0), "bmm: batch sizes of shapes {} and {} differ ({} != {})",
               a.shape(), b.shape(), a.size(0), b.size(0));
   EMBER_CHECK(a.size(2) == b.size(1), "bmm: shapes {} and {} cannot be multiplied ({} != {})",
               a.shape(), b.shape(), a.size(2), b.size(1));
-  const DType dtype = promote(a.dtype(), b.dtype());
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
   Tensor out = mm(x, y, {x.size(0)});
   if (any_requires_grad(x, y)) connect(std::make_shared<BmmBackward>(x, y), {x, y}, out);
@@ -456,14 +432,13 @@ struct LinearBackward final : Node {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   profile::Scope scope("linear");
-  check_float_operands(x, weight, "linear");
+  DType dtype = floating_type(x, weight, "linear");
   EMBER_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got shape {}", x.shape());
   EMBER_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out, in), got shape {}",
               weight.shape());
   EMBER_CHECK(x.size(-1) == weight.size(1),
               "linear: input of shape {} has {} features, weight of shape {} expects {}", x.shape(),
               x.size(-1), weight.shape(), weight.size(1));
-  DType dtype = promote(x.dtype(), weight.dtype());
   if (bias.defined()) {
     EMBER_CHECK(is_floating(bias.dtype()), "linear: expected a Float32 or Float64 bias, got {}",
                 bias.dtype());
@@ -509,6 +484,5 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, doubl
     gemm_into<T>(a, b, c, static_cast<T>(alpha), static_cast<T>(beta));
   });
 }
-
 
 }  // namespace ember

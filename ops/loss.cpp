@@ -11,16 +11,13 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // Sum (or mean over `count`) of n values as a 0-d tensor of T.
 template <class T, class V>
@@ -47,15 +44,6 @@ struct LossGrad {
   const T* per_element_ = nullptr;  // dOut per element (None), else the one scale_
   T scale_ = 0;
 };
-
-// The common dtype of two floating loss operands.
-DType loss_dtype(const Tensor& a, const Tensor& b, std::string_view op) {
-  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
-              "{}: expected Float32 or Float64 tensors, got {} and {}", op, a.dtype(), b.dtype());
-  return promote(a.dtype(), b.dtype());
-}
-
-Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
 
 // A pointwise loss l(input, target) over the broadcast shape, reduced.
 template <class F>
@@ -109,9 +97,7 @@ struct MseLossBackward final : Node {
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   profile::Scope scope("mse_loss");
-  check_defined(input, "mse_loss");
-  check_defined(target, "mse_loss");
-  const DType dtype = loss_dtype(input, target, "mse_loss");
+  const DType dtype = floating_type(input, target, "mse_loss");
   const Tensor x = as_type(input, dtype), t = as_type(target, dtype);
   Tensor out = pointwise_loss(x, t, reduction, "mse_loss", [](auto a, auto b) {
     const auto d = a - b;
@@ -151,9 +137,7 @@ struct KlDivBackward final : Node {
 
 Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
   profile::Scope scope("kl_div");
-  check_defined(log_probs, "kl_div");
-  check_defined(target, "kl_div");
-  const DType dtype = loss_dtype(log_probs, target, "kl_div");
+  const DType dtype = floating_type(log_probs, target, "kl_div");
   const Tensor x = as_type(log_probs, dtype), t = as_type(target, dtype);
   Tensor out = pointwise_loss(x, t, reduction, "kl_div", [](auto a, auto b) {
     using T = decltype(a);
@@ -182,8 +166,7 @@ ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t
   check_defined(target, op);
   EMBER_CHECK(scores.dim() == 1 || scores.dim() == 2,
               "{}: expected input of shape (N, C) or (C), got shape {}", op, scores.shape());
-  EMBER_CHECK(is_floating(scores.dtype()), "{}: expected a Float32 or Float64 input, got {}", op,
-              scores.dtype());
+  check_floating(scores, op);
   EMBER_CHECK(target.dtype() == kInt64, "{}: target must be Int64, got {} of shape {}", op,
               target.dtype(), target.shape());
   const bool batched = scores.dim() == 2;
@@ -370,6 +353,5 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
             {logits}, out);
   return out;
 }
-
 
 }  // namespace ember

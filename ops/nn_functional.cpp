@@ -14,6 +14,7 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/random.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 #include "ops/vec_math.h"
@@ -21,10 +22,6 @@
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // The rows of a tensor along one dim: row r starts `start(r)` elements after data<T>() and
 // steps by `stride`. Rows are numbered in row-major order of the other dims, so row r of a
@@ -254,9 +251,7 @@ template <bool Log>
 Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
   check_defined(x, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
-  EMBER_CHECK(is_floating(x.dtype()),
-              "{}: expected a Float32 or Float64 tensor, got {} of shape {}", op, x.dtype(),
-              x.shape());
+  check_floating(x, op);
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), op, [&]<class T>() {
     softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
@@ -475,10 +470,7 @@ void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shap
 Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   profile::Scope scope("layer_norm");
-  check_defined(x, "layer_norm");
-  EMBER_CHECK(is_floating(x.dtype()),
-              "layer_norm: expected a Float32 or Float64 input, got {} of shape {}", x.dtype(),
-              x.shape());
+  check_floating(x, "layer_norm");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   EMBER_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dim, got {}",
               normalized_shape);
@@ -577,9 +569,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   check_defined(x, "dropout");
   EMBER_CHECK(p >= 0 && p < 1, "dropout: probability has to be in [0, 1), got {}", p);
   if (!training || p == 0) return x;
-  EMBER_CHECK(is_floating(x.dtype()),
-              "dropout: expected a Float32 or Float64 tensor, got {} of shape {}", x.dtype(),
-              x.shape());
+  check_floating(x, "dropout");
   const DropoutMask mask{global_generator()(), static_cast<uint32_t>(std::ldexp(p, 32)),
                          1.0 / (1.0 - p)};
   Tensor out = apply_dropout_mask(x, mask);
@@ -654,6 +644,5 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
   return out;
 }
-
 
 }  // namespace ember

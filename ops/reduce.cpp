@@ -10,6 +10,7 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 
 namespace ember {
@@ -27,6 +28,14 @@ std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims
     reduce[w] = true;
   }
   return reduce;
+}
+
+// How many elements of x each output element sums.
+int64_t reduced_count(const Tensor& x, const std::vector<bool>& reduce) {
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduce[d]) count *= x.size(d);
+  return count;
 }
 
 Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduce, bool keepdim) {
@@ -143,7 +152,7 @@ struct SumBackward final : Node {
 
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   profile::Scope scope("sum");
-  EMBER_CHECK(x.defined(), "sum: undefined tensor");
+  check_defined(x, "sum");
   const std::vector<bool> reduce = reduced_dims(x, dims, "sum");
   Tensor out = sum_impl(x, reduce, keepdim);
   if (any_requires_grad(x)) connect(std::make_shared<SumBackward>(reduce, keepdim), {x}, out);
@@ -157,13 +166,8 @@ Tensor sum(const Tensor& x) {
 
 Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   profile::Scope scope("mean");
-  EMBER_CHECK(x.defined(), "mean: undefined tensor");
-  EMBER_CHECK(is_floating(x.dtype()), "mean: expected a Float32 or Float64 tensor, got {}",
-              x.dtype());
-  const std::vector<bool> reduce = reduced_dims(x, dims, "mean");
-  int64_t count = 1;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (reduce[d]) count *= x.size(d);
+  check_floating(x, "mean");
+  const int64_t count = reduced_count(x, reduced_dims(x, dims, "mean"));
   return div(sum(x, dims, keepdim), static_cast<double>(count));
 }
 
@@ -175,13 +179,8 @@ Tensor mean(const Tensor& x) {
 // var = sum((x - mean)²) / (N - unbiased), composed from differentiable ops.
 Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepdim) {
   profile::Scope scope("var");
-  EMBER_CHECK(x.defined(), "var: undefined tensor");
-  EMBER_CHECK(is_floating(x.dtype()), "var: expected a Float32 or Float64 tensor, got {}",
-              x.dtype());
-  const std::vector<bool> reduce = reduced_dims(x, dims, "var");
-  int64_t count = 1;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (reduce[d]) count *= x.size(d);
+  check_floating(x, "var");
+  const int64_t count = reduced_count(x, reduced_dims(x, dims, "var"));
   const Tensor centered = sub(x, mean(x, dims, true));
   const double divisor = static_cast<double>(count) - (unbiased ? 1.0 : 0.0);
   return div(sum(mul(centered, centered), dims, keepdim), divisor);
@@ -267,7 +266,7 @@ struct MaxBackward final : Node {
 
 MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
   profile::Scope scope("max");
-  EMBER_CHECK(x.defined(), "max: undefined tensor");
+  check_defined(x, "max");
   const int64_t d = wrap_dim(dim, x.dim(), "max");
   EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "max: cannot reduce dim {} of size 0 (shape {})", d,
               x.shape());
@@ -290,7 +289,7 @@ MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   profile::Scope scope("argmax");
-  EMBER_CHECK(x.defined(), "argmax: undefined tensor");
+  check_defined(x, "argmax");
   NoGradGuard no_grad;
   return max(x, dim, keepdim).indices;
 }
@@ -309,7 +308,7 @@ struct MaxAllBackward final : Node {
 
 Tensor max(const Tensor& x) {
   profile::Scope scope("max");
-  EMBER_CHECK(x.defined(), "max: undefined tensor");
+  check_defined(x, "max");
   EMBER_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape {}", x.shape());
   Tensor out = empty({}, x.dtype());
   dispatch_numeric(x.dtype(), "max", [&]<class T>() {
@@ -323,6 +322,5 @@ Tensor max(const Tensor& x) {
   if (any_requires_grad(x)) connect(std::make_shared<MaxAllBackward>(x, out), {x}, out);
   return out;
 }
-
 
 }  // namespace ember

@@ -10,14 +10,11 @@
 #include "graph/copy.h"
 #include "graph/creation.h"
 #include "graph/profile.h"
+#include "ops/common.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // Resolves one -1 in `shape` against numel.
 Shape infer_shape(Shape shape, int64_t numel, std::string_view op) {
@@ -127,12 +124,8 @@ Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
 Tensor unsqueeze(const Tensor& x, int64_t d) {
   profile::Scope scope("unsqueeze");
   check_defined(x, "unsqueeze");
-  const int64_t w = wrap_dim(d, x.dim() + 1, "unsqueeze");
-  Shape shape = x.shape(), strides = x.strides();
-  const int64_t stride = w < x.dim() ? x.stride(w) * x.size(w) : 1;
-  shape.insert(shape.begin() + w, 1);
-  strides.insert(strides.begin() + w, stride);
-  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "UnsqueezeBackward");
+  return record_reshape(unsqueeze_view(x, wrap_dim(d, x.dim() + 1, "unsqueeze")), x,
+                        "UnsqueezeBackward");
 }
 
 Tensor squeeze(const Tensor& x, int64_t d) {
@@ -141,10 +134,7 @@ Tensor squeeze(const Tensor& x, int64_t d) {
   if (x.dim() == 0) return x;
   const int64_t w = wrap_dim(d, x.dim(), "squeeze");
   if (x.size(w) != 1) return x;
-  Shape shape = x.shape(), strides = x.strides();
-  shape.erase(shape.begin() + w);
-  strides.erase(strides.begin() + w);
-  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "SqueezeBackward");
+  return record_reshape(select_view(x, w, 0), x, "SqueezeBackward");
 }
 
 // y = permute(x, dims):  dX = permute(dY, inverse(dims))  (transpose is its own inverse)
@@ -239,12 +229,9 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   EMBER_CHECK(start >= 0 && length >= 0 && start + length <= x.size(d),
               "narrow: start {} and length {} out of range for dim {} of size {}", start, length, d,
               x.size(d));
-  Shape shape = x.shape();
-  shape[d] = length;
-  Tensor out = make_view(x, shape, x.strides(), x.storage_offset() + start * x.stride(d));
+  Tensor out = narrow_view(x, d, start, length);
   if (any_requires_grad(x)) connect(std::make_shared<NarrowBackward>(d, start), {x}, out);
   return out;
 }
-
 
 }  // namespace ember
