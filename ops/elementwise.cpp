@@ -51,11 +51,15 @@ Tensor record_scale(Tensor out, const Tensor& x, std::string_view name, double s
 
 // --- arithmetic between tensors
 
+namespace {
+
 // c = a + b:  dA = dC,  dB = dC  (the engine sums over broadcast dims)
 struct AddBackward final : Node {
   std::string_view name() const override { return "AddBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0], grads[0]}; }
 };
+
+}  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   profile::Scope scope("add");
@@ -63,6 +67,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (any_requires_grad(a, b)) connect(std::make_shared<AddBackward>(), {a, b}, out);
   return out;
 }
+
+namespace {
 
 // c = a - b:  dA = dC,  dB = -dC
 struct SubBackward final : Node {
@@ -72,12 +78,16 @@ struct SubBackward final : Node {
   }
 };
 
+}  // namespace
+
 Tensor sub(const Tensor& a, const Tensor& b) {
   profile::Scope scope("sub");
   Tensor out = arith(a, b, "sub", [](auto x, auto y) { return x - y; });
   if (any_requires_grad(a, b)) connect(std::make_shared<SubBackward>(), {a, b}, out);
   return out;
 }
+
+namespace {
 
 // c = a * b:  dA = dC * b,  dB = dC * a
 struct MulBackward final : Node {
@@ -94,12 +104,16 @@ struct MulBackward final : Node {
   SavedTensor a_, b_;
 };
 
+}  // namespace
+
 Tensor mul(const Tensor& a, const Tensor& b) {
   profile::Scope scope("mul");
   Tensor out = arith(a, b, "mul", [](auto x, auto y) { return x * y; });
   if (any_requires_grad(a, b)) connect(std::make_shared<MulBackward>(a, b), {a, b}, out);
   return out;
 }
+
+namespace {
 
 // c = a / b:  dA = dC / b,  dB = -dC * a / b²
 struct DivBackward final : Node {
@@ -122,6 +136,8 @@ struct DivBackward final : Node {
   }
   SavedTensor a_, b_;
 };
+
+}  // namespace
 
 Tensor div(const Tensor& a, const Tensor& b) {
   profile::Scope scope("div");
@@ -182,6 +198,8 @@ Tensor div(const Tensor& a, double b) {
                       "DivBackward", 1.0 / b);
 }
 
+namespace {
+
 // y = s / x:  dX = -dY * s / x² = -dY * y / x
 struct RdivBackward final : Node {
   RdivBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
@@ -197,6 +215,8 @@ struct RdivBackward final : Node {
   }
   SavedTensor x_, y_;
 };
+
+}  // namespace
 
 Tensor rdiv(const Tensor& a, double b) {
   profile::Scope scope("rdiv");
@@ -464,6 +484,8 @@ Tensor logical_or(const Tensor& a, const Tensor& b) {
 
 // --- where and masked_fill
 
+namespace {
+
 // out = cond ? a : b:  dA = cond ? dOut : 0,  dB = cond ? 0 : dOut
 struct WhereBackward final : Node {
   explicit WhereBackward(const Tensor& cond) { save(cond_, cond); }
@@ -481,6 +503,8 @@ struct WhereBackward final : Node {
   }
   SavedTensor cond_;
 };
+
+}  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   profile::Scope scope("where");
@@ -510,7 +534,6 @@ void check_mask(const Tensor& x, const Tensor& mask, std::string_view op) {
               "{}: mask of shape {} does not broadcast to the tensor's shape {}", op, mask.shape(),
               x.shape());
 }
-}  // namespace
 
 // y = mask ? value : x:  dX = mask ? 0 : dY
 struct MaskedFillBackward final : Node {
@@ -525,6 +548,8 @@ struct MaskedFillBackward final : Node {
   }
   SavedTensor mask_;
 };
+
+}  // namespace
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   profile::Scope scope("masked_fill");

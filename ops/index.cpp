@@ -39,6 +39,8 @@ void for_each_line(Shape shape, int64_t dim, const std::array<Shape, N>& strides
 
 // --- repeat
 
+namespace {
+
 // y = x tiled, viewed as (r0, s0, r1, s1, ...) with y[a, i, b, j, ...] = x[i, j, ...]:
 // dX = dY viewed the same way, summed over r0, r1, ...
 struct RepeatBackward final : Node {
@@ -52,6 +54,8 @@ struct RepeatBackward final : Node {
   }
   Shape tiled_;
 };
+
+}  // namespace
 
 Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
   profile::Scope scope("repeat");
@@ -84,6 +88,8 @@ Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
 
 // --- repeat_interleave
 
+namespace {
+
 // y = x with each slice along dim repeated r times, viewed as (..., n, r, ...):
 // dX = dY viewed so, summed over the r-dim
 struct RepeatInterleaveBackward final : Node {
@@ -95,8 +101,6 @@ struct RepeatInterleaveBackward final : Node {
   Shape split_;
   int64_t dim_;
 };
-
-namespace {
 
 // Fast path for a small contiguous x (pre, n, post): each of the pre*n blocks of `post`
 // elements is written `repeats` times in a row.
@@ -153,6 +157,8 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats) {
 
 // --- cat and stack
 
+namespace {
+
 // y = cat(x_0, x_1, ...) along dim:  dX_i = dY[..., offset_i : offset_i + size_i, ...], a view;
 // for stack, dX_i = dY[..., i, ...].
 struct CatBackward final : Node {
@@ -176,8 +182,6 @@ struct CatBackward final : Node {
   std::vector<int64_t> sizes_;
   bool stacked_;
 };
-
-namespace {
 
 // The checks cat and stack share: a non-empty list of defined tensors of one dtype and rank.
 void check_list(const std::vector<Tensor>& tensors, std::string_view op) {
@@ -282,8 +286,6 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
   });
 }
 
-}  // namespace
-
 // y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate)
 struct IndexSelectBackward final : Node {
   IndexSelectBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
@@ -308,6 +310,8 @@ struct IndexSelectBackward final : Node {
   int64_t dim_;
   SavedTensor index_;
 };
+
+}  // namespace
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   profile::Scope scope("index_select");
@@ -340,6 +344,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 // --- masked_select
 
+namespace {
+
 // y = x[mask] (x and mask broadcast to one shape, read in row-major order):
 // dX = zeros of the broadcast shape with dY written at the mask's true positions (the engine
 // then sums it down to x's shape)
@@ -369,6 +375,8 @@ struct MaskedSelectBackward final : Node {
   Shape shape_;
   SavedTensor mask_;
 };
+
+}  // namespace
 
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
   profile::Scope scope("masked_select");
@@ -434,8 +442,6 @@ Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   return out;
 }
 
-}  // namespace
-
 // y = x * triangle mask:  dX = dY * the same mask
 struct TriangleBackward final : Node {
   TriangleBackward(int64_t diagonal, bool upper) : diagonal_(diagonal), upper_(upper) {}
@@ -447,7 +453,6 @@ struct TriangleBackward final : Node {
   bool upper_;
 };
 
-namespace {
 Tensor record_triangle(const Tensor& x, int64_t diagonal, bool upper, std::string_view op) {
   check_defined(x, op);
   EMBER_CHECK(x.dim() >= 2, "{}: expected a tensor of at least 2 dims, got shape {}", op,
@@ -513,8 +518,6 @@ void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tenso
   });
 }
 
-}  // namespace
-
 // values[..., k, ...] = x[..., indices[k], ...] along dim:  dX[..., indices[k], ...] = dValues[k]
 struct SortBackward final : Node {
   SortBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
@@ -539,6 +542,8 @@ struct SortBackward final : Node {
   int64_t dim_;
   SavedTensor indices_;
 };
+
+}  // namespace
 
 SortResult sort(const Tensor& x, int64_t dim, bool descending) {
   profile::Scope scope("sort");

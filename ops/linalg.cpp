@@ -306,6 +306,8 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 
 // --- matmul
 
+namespace {
+
 // C = A · B with A (..., m, k), B (..., k, n), batch dims broadcast, 1-D operands unsqueezed:
 //   dA = dC · Bᵀ,   dB = Aᵀ · dC
 // each summed over A's or B's broadcast batch dims by the engine's sum_to; a 1-D operand's unit
@@ -345,6 +347,8 @@ struct MatmulBackward final : Node {
   SavedTensor a_, b_;
 };
 
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   profile::Scope scope("matmul");
   const DType dtype = floating_type(a, b, "matmul");
@@ -368,6 +372,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // --- bmm
 
+namespace {
+
 // C = A · B, A (n, p, q), B (n, q, r):  dA = dC · Bᵀ,  dB = Aᵀ · dC
 struct BmmBackward final : Node {
   BmmBackward(const Tensor& a, const Tensor& b) {
@@ -382,6 +388,8 @@ struct BmmBackward final : Node {
   }
   SavedTensor a_, b_;
 };
+
+}  // namespace
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   profile::Scope scope("bmm");
@@ -399,6 +407,8 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 // --- linear
+
+namespace {
 
 // y = x · Wᵀ + b over rows, x (N, in) (its leading dims flattened), W (out, in), b (out):
 //   dX = dY · W,   dW = dYᵀ · X,   db = Σ_rows dY
@@ -429,6 +439,8 @@ struct LinearBackward final : Node {
   }
   SavedTensor x_rows_, weight_;
 };
+
+}  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   profile::Scope scope("linear");

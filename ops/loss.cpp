@@ -75,6 +75,8 @@ Tensor pointwise_grad(const Tensor& a, const Tensor& b, const Tensor& g, Reducti
 
 // --- mse_loss
 
+namespace {
+
 // l = (x - t)²:  dX = 2 (x - t) dL,  dT = -2 (x - t) dL
 struct MseLossBackward final : Node {
   MseLossBackward(const Tensor& input, const Tensor& target, Reduction reduction)
@@ -95,6 +97,8 @@ struct MseLossBackward final : Node {
   SavedTensor input_, target_;
 };
 
+}  // namespace
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   profile::Scope scope("mse_loss");
   const DType dtype = floating_type(input, target, "mse_loss");
@@ -109,6 +113,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 }
 
 // --- kl_div
+
+namespace {
 
 // l = t (log t - x), 0 where t = 0 (torch's xlogy):  dX = -t dL,
 // dT = (log t + 1 - x) dL where t > 0 (0 where t = 0, the limit of the one-sided subgradient)
@@ -134,6 +140,8 @@ struct KlDivBackward final : Node {
   Reduction reduction_;
   SavedTensor input_, target_;
 };
+
+}  // namespace
 
 Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
   profile::Scope scope("kl_div");
@@ -203,8 +211,6 @@ Tensor row_losses_result(const std::vector<double>& losses, const Tensor& scores
   return out;
 }
 
-}  // namespace
-
 // l_n = -x[n, t_n] (0 when t_n is ignored):  dX[n, t_n] = -dL_n, 0 elsewhere
 struct NllLossBackward final : Node {
   NllLossBackward(const Tensor& target, Reduction reduction, int64_t ignore_index, double count)
@@ -230,6 +236,8 @@ struct NllLossBackward final : Node {
   double count_;
   SavedTensor target_;
 };
+
+}  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index) {
@@ -270,8 +278,6 @@ inline double cross_entropy_row(const T* x, int64_t s, int64_t C, int64_t t, dou
   const double nll = (m - x[t * s]) + log_s;
   return eps == 0 ? nll : (1 - eps) * nll + eps / C * (sum_gap + C * log_s);
 }
-
-}  // namespace
 
 // l_n = (1 - eps) (-log p[n, t_n]) + eps / C Σ_c -log p[n, c],  p = softmax(x[n]):
 //   dX[n, c] = dL_n (p[n, c] - (1 - eps) [c = t_n] - eps / C),  0 for ignored rows
@@ -319,6 +325,8 @@ struct CrossEntropyBackward final : Node {
   double eps_, count_;
   SavedTensor logits_, target_, stats_;
 };
+
+}  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {

@@ -213,8 +213,6 @@ inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64
   }
 }
 
-}  // namespace
-
 // y = softmax(x) or log_softmax(x) along dim_; saves the output y as data (Note [Saved outputs]).
 //   softmax:      dX = y * (dY - Σ_dim dY * y)
 //   log_softmax:  dX = dY - exp(y) * Σ_dim dY
@@ -244,8 +242,6 @@ struct SoftmaxBackward final : Node {
   int64_t dim_;
   SavedTensor y_;
 };
-
-namespace {
 
 template <bool Log>
 Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
@@ -423,8 +419,6 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-}  // namespace
-
 // y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
 // x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative).
 struct LayerNormBackward final : Node {
@@ -452,8 +446,6 @@ struct LayerNormBackward final : Node {
   int64_t M_, N_;
   SavedTensor x_, weight_, mean_, rstd_;
 };
-
-namespace {
 
 void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shape,
                   std::string_view what) {
@@ -552,8 +544,6 @@ Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m) {
   return out;
 }
 
-}  // namespace
-
 // y = x * mask * scale:  dX = dY * mask * scale, the mask recomputed (Note [Dropout masks])
 struct DropoutBackward final : Node {
   explicit DropoutBackward(const DropoutMask& mask) : mask_(mask) {}
@@ -563,6 +553,8 @@ struct DropoutBackward final : Node {
   }
   DropoutMask mask_;
 };
+
+}  // namespace
 
 Tensor dropout(const Tensor& x, double p, bool training) {
   profile::Scope scope("dropout");
@@ -578,6 +570,8 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 }
 
 // --- embedding
+
+namespace {
 
 // out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up)
 struct EmbeddingBackward final : Node {
@@ -602,6 +596,8 @@ struct EmbeddingBackward final : Node {
   }
   SavedTensor indices_;
 };
+
+}  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   profile::Scope scope("embedding");

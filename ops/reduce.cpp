@@ -136,8 +136,6 @@ Tensor expand_reduced(const Tensor& g, const Shape& in_shape, const std::vector<
   return make_view(g, in_shape, strides, g.storage_offset());
 }
 
-}  // namespace
-
 // y = sum(x over dims):  dX = dY broadcast back over the reduced dims
 struct SumBackward final : Node {
   SumBackward(std::vector<bool> reduce, bool keepdim)
@@ -149,6 +147,8 @@ struct SumBackward final : Node {
   std::vector<bool> reduce_;
   bool keepdim_;
 };
+
+}  // namespace
 
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   profile::Scope scope("sum");
@@ -235,8 +235,6 @@ void max_kernel(const Tensor& x, int64_t dim, T* values, int64_t* indices) {
   });
 }
 
-}  // namespace
-
 // values = max(x, dim):  dX[argmax] = dValues, 0 elsewhere
 struct MaxBackward final : Node {
   MaxBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
@@ -263,6 +261,8 @@ struct MaxBackward final : Node {
   int64_t dim_;
   SavedTensor indices_;
 };
+
+}  // namespace
 
 MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
   profile::Scope scope("max");
@@ -294,6 +294,8 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return max(x, dim, keepdim).indices;
 }
 
+namespace {
+
 // y = max(x):  dX = dY / k at each of the k elements equal to y, 0 elsewhere
 struct MaxAllBackward final : Node {
   MaxAllBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
@@ -305,6 +307,8 @@ struct MaxAllBackward final : Node {
   }
   SavedTensor x_, y_;
 };
+
+}  // namespace
 
 Tensor max(const Tensor& x) {
   profile::Scope scope("max");

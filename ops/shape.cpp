@@ -137,6 +137,8 @@ Tensor squeeze(const Tensor& x, int64_t d) {
   return record_reshape(select_view(x, w, 0), x, "SqueezeBackward");
 }
 
+namespace {
+
 // y = permute(x, dims):  dX = permute(dY, inverse(dims))  (transpose is its own inverse)
 struct PermuteBackward final : Node {
   explicit PermuteBackward(std::vector<int64_t> inverse) : inverse_(std::move(inverse)) {}
@@ -146,6 +148,8 @@ struct PermuteBackward final : Node {
   }
   std::vector<int64_t> inverse_;
 };
+
+}  // namespace
 
 Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
   profile::Scope scope("permute");
@@ -177,11 +181,15 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   return permute(x, dims);
 }
 
+namespace {
+
 // y = expand(x):  dX = dY, reduced to x's shape by the engine's sum_to
 struct ExpandBackward final : Node {
   std::string_view name() const override { return "ExpandBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
 };
+
+}  // namespace
 
 Tensor expand(const Tensor& x, Shape shape) {
   profile::Scope scope("expand");
@@ -207,6 +215,8 @@ Tensor expand(const Tensor& x, Shape shape) {
   return out;
 }
 
+namespace {
+
 // y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
 struct NarrowBackward final : Node {
   NarrowBackward(int64_t dim, int64_t start) : dim_(dim), start_(start) {}
@@ -219,6 +229,8 @@ struct NarrowBackward final : Node {
   }
   int64_t dim_, start_;
 };
+
+}  // namespace
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   profile::Scope scope("narrow");
