@@ -317,7 +317,6 @@ struct MatmulBackward final : Node {
     if (b.requires_grad()) save(a_, as_left_matrix(a));
     if (a.requires_grad()) save(b_, as_right_matrix(b));
   }
-  std::string_view name() const override { return "MatmulBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     Tensor g = grads[0];  // back to (batch..., m, n)
     if (a_vec_) g = unsqueeze_view(g, g.dim() - (b_vec_ ? 0 : 1));
@@ -350,13 +349,14 @@ struct MatmulBackward final : Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  profile::Scope scope("matmul");
-  const DType dtype = floating_type(a, b, "matmul");
+  constexpr std::string_view op = "matmul";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(a, b, op);
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
-              "matmul: both arguments need at least 1 dim, got shapes {} and {}", a.shape(),
+              "{}: both arguments need at least 1 dim, got shapes {} and {}", op, a.shape(),
               b.shape());
   const int64_t ka = a.size(-1), kb = b.size(b.dim() == 1 ? 0 : -2);
-  EMBER_CHECK(ka == kb, "matmul: shapes {} and {} cannot be multiplied ({} != {})", a.shape(),
+  EMBER_CHECK(ka == kb, "{}: shapes {} and {} cannot be multiplied ({} != {})", op, a.shape(),
               b.shape(), ka, kb);
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
   const Tensor a2 = as_left_matrix(x), b2 = as_right_matrix(y);
@@ -366,8 +366,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dim() > 1) shape.push_back(a2.size(-2));
   if (b.dim() > 1) shape.push_back(b2.size(-1));
   if (shape != out.shape()) out = make_view(out, shape, contiguous_strides(shape), 0);
-  if (any_requires_grad(x, y)) connect(std::make_shared<MatmulBackward>(x, y), {x, y}, out);
-  return out;
+  return record<MatmulBackward>(op, out, {x, y}, x, y);
 }
 
 // --- bmm
@@ -380,7 +379,6 @@ struct BmmBackward final : Node {
     if (b.requires_grad()) save(a_, a);
     if (a.requires_grad()) save(b_, b);
   }
-  std::string_view name() const override { return "BmmBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     return {needs_grad(0) ? mm(g, mT(b_.get())) : Tensor(),
@@ -392,18 +390,17 @@ struct BmmBackward final : Node {
 }  // namespace
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  profile::Scope scope("bmm");
-  const DType dtype = floating_type(a, b, "bmm");
-  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes {} and {}",
+  constexpr std::string_view op = "bmm";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(a, b, op);
+  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "{}: expected 3-D tensors, got shapes {} and {}", op,
               a.shape(), b.shape());
-  EMBER_CHECK(a.size(0) == b.size(0), "bmm: batch sizes of shapes {} and {} differ ({} != {})",
+  EMBER_CHECK(a.size(0) == b.size(0), "{}: batch sizes of shapes {} and {} differ ({} != {})", op,
               a.shape(), b.shape(), a.size(0), b.size(0));
-  EMBER_CHECK(a.size(2) == b.size(1), "bmm: shapes {} and {} cannot be multiplied ({} != {})",
+  EMBER_CHECK(a.size(2) == b.size(1), "{}: shapes {} and {} cannot be multiplied ({} != {})", op,
               a.shape(), b.shape(), a.size(2), b.size(1));
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
-  Tensor out = mm(x, y, {x.size(0)});
-  if (any_requires_grad(x, y)) connect(std::make_shared<BmmBackward>(x, y), {x, y}, out);
-  return out;
+  return record<BmmBackward>(op, mm(x, y, {x.size(0)}), {x, y}, x, y);
 }
 
 // --- linear
@@ -418,7 +415,6 @@ struct LinearBackward final : Node {
     if (weight.requires_grad()) save(x_rows_, x_rows);
     if (x.requires_grad()) save(weight_, weight);
   }
-  std::string_view name() const override { return "LinearBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = rows_of(grads[0]);  // (N, out)
     Tensor grad_x, grad_w, grad_b;
@@ -443,21 +439,21 @@ struct LinearBackward final : Node {
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  profile::Scope scope("linear");
-  DType dtype = floating_type(x, weight, "linear");
-  EMBER_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got shape {}", x.shape());
-  EMBER_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out, in), got shape {}",
+  constexpr std::string_view op = "linear";
+  profile::Scope scope(op);
+  DType dtype = floating_type(x, weight, op);
+  EMBER_CHECK(x.dim() >= 1, "{}: input must have at least 1 dim, got shape {}", op, x.shape());
+  EMBER_CHECK(weight.dim() == 2, "{}: weight must be 2-D (out, in), got shape {}", op,
               weight.shape());
   EMBER_CHECK(x.size(-1) == weight.size(1),
-              "linear: input of shape {} has {} features, weight of shape {} expects {}", x.shape(),
+              "{}: input of shape {} has {} features, weight of shape {} expects {}", op, x.shape(),
               x.size(-1), weight.shape(), weight.size(1));
   if (bias.defined()) {
-    EMBER_CHECK(is_floating(bias.dtype()), "linear: expected a Float32 or Float64 bias, got {}",
+    EMBER_CHECK(is_floating(bias.dtype()), "{}: expected a Float32 or Float64 bias, got {}", op,
                 bias.dtype());
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
-                "linear: bias of shape {} does not match the {} output features of weight of "
-                "shape {}",
-                bias.shape(), weight.size(0), weight.shape());
+                "{}: bias of shape {} does not match the {} output features of weight of shape {}",
+                op, bias.shape(), weight.size(0), weight.shape());
     dtype = promote(dtype, bias.dtype());
   }
   const Tensor in = as_type(x, dtype), w = as_type(weight, dtype);
@@ -471,9 +467,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor out_rows = make_view(out, {x_rows.size(0), out_features}, {out_features, 1}, 0);
   if (b.defined()) copy_into(out_rows, b);
   gemm(x_rows, mT(w), out_rows, 1.0, b.defined() ? 1.0 : 0.0);
-  if (any_requires_grad(in, w, b))
-    connect(std::make_shared<LinearBackward>(in, x_rows, w), {in, w, b}, out);
-  return out;
+  return record<LinearBackward>(op, out, {in, w, b}, in, x_rows, w);
 }
 
 // --- gemm, the building block

@@ -83,10 +83,9 @@ struct MseLossBackward final : Node {
       : reduction_(reduction) {
     save(input_, input), save(target_, target);
   }
-  std::string_view name() const override { return "MseLossBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor &x = input_.get(), &t = target_.get();
-    return dispatch_float(x.dtype(), "mse_loss", [&]<class T>() {
+    return dispatch_float(x.dtype(), op(), [&]<class T>() {
       const Tensor grad_x =
           pointwise_grad<T>(x, t, grads[0], reduction_, [](T a, T b) { return 2 * (a - b); });
       return std::vector<Tensor>{needs_grad(0) ? grad_x : Tensor(),
@@ -100,16 +99,15 @@ struct MseLossBackward final : Node {
 }  // namespace
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  profile::Scope scope("mse_loss");
-  const DType dtype = floating_type(input, target, "mse_loss");
+  constexpr std::string_view op = "mse_loss";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(input, target, op);
   const Tensor x = as_type(input, dtype), t = as_type(target, dtype);
-  Tensor out = pointwise_loss(x, t, reduction, "mse_loss", [](auto a, auto b) {
+  Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     const auto d = a - b;
     return d * d;
   });
-  if (any_requires_grad(input, target))
-    connect(std::make_shared<MseLossBackward>(x, t, reduction), {x, t}, out);
-  return out;
+  return record<MseLossBackward>(op, out, {x, t}, x, t, reduction);
 }
 
 // --- kl_div
@@ -123,10 +121,9 @@ struct KlDivBackward final : Node {
       : reduction_(reduction) {
     save(input_, input), save(target_, target);
   }
-  std::string_view name() const override { return "KlDivBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& t = target_.get();
-    return dispatch_float(t.dtype(), "kl_div", [&]<class T>() {
+    return dispatch_float(t.dtype(), op(), [&]<class T>() {
       Tensor grad_x, grad_t;
       if (needs_grad(0))
         grad_x =
@@ -144,16 +141,15 @@ struct KlDivBackward final : Node {
 }  // namespace
 
 Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
-  profile::Scope scope("kl_div");
-  const DType dtype = floating_type(log_probs, target, "kl_div");
+  constexpr std::string_view op = "kl_div";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(log_probs, target, op);
   const Tensor x = as_type(log_probs, dtype), t = as_type(target, dtype);
-  Tensor out = pointwise_loss(x, t, reduction, "kl_div", [](auto a, auto b) {
+  Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     using T = decltype(a);
     return b > 0 ? b * (std::log(b) - a) : b == 0 ? T(0) : std::numeric_limits<T>::quiet_NaN();
   });
-  if (any_requires_grad(log_probs, target))
-    connect(std::make_shared<KlDivBackward>(x, t, reduction), {x, t}, out);
-  return out;
+  return record<KlDivBackward>(op, out, {x, t}, x, t, reduction);
 }
 
 // --- nll_loss and cross_entropy: one row of class scores per target
@@ -217,13 +213,12 @@ struct NllLossBackward final : Node {
       : reduction_(reduction), ignore_index_(ignore_index), count_(count) {
     save(target_, target);
   }
-  std::string_view name() const override { return "NllLossBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& shape = input_shapes[0];
     Tensor grad_x = zeros(shape, input_dtypes[0]);
     const int64_t C = shape.back(), N = shape.size() == 2 ? shape[0] : 1;
     const int64_t* t = target_.get().data<int64_t>();
-    dispatch_float(grad_x.dtype(), "nll_loss", [&]<class T>() {
+    dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, count_);
       T* px = grad_x.data<T>();
       for (int64_t n = 0; n < N; ++n)
@@ -241,20 +236,18 @@ struct NllLossBackward final : Node {
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index) {
-  profile::Scope scope("nll_loss");
-  const ClassRows g = check_class_target(log_probs, target, ignore_index, "nll_loss");
+  constexpr std::string_view op = "nll_loss";
+  profile::Scope scope(op);
+  const ClassRows g = check_class_target(log_probs, target, ignore_index, op);
   const int64_t* pt = g.target.data<int64_t>();
-  Tensor out = dispatch_float(log_probs.dtype(), "nll_loss", [&]<class T>() {
+  Tensor out = dispatch_float(log_probs.dtype(), op, [&]<class T>() {
     const T* x = log_probs.data<T>();
     std::vector<double> losses(g.N, 0.0);
     for (int64_t n = 0; n < g.N; ++n)
       if (pt[n] != ignore_index) losses[n] = -x[n * g.row_stride + pt[n] * g.class_stride];
     return row_losses_result<T>(losses, log_probs, reduction, g.count);
   });
-  if (any_requires_grad(log_probs))
-    connect(std::make_shared<NllLossBackward>(g.target, reduction, ignore_index, g.count),
-            {log_probs}, out);
-  return out;
+  return record<NllLossBackward>(op, out, {log_probs}, g.target, reduction, ignore_index, g.count);
 }
 
 namespace {
@@ -288,14 +281,13 @@ struct CrossEntropyBackward final : Node {
       : reduction_(reduction), ignore_index_(ignore_index), eps_(eps), count_(count) {
     save(logits_, logits), save(target_, target), save(stats_, stats);
   }
-  std::string_view name() const override { return "CrossEntropyBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& x = logits_.get();
     const int64_t C = x.size(-1), N = x.dim() == 2 ? x.size(0) : 1;
     const int64_t s0 = x.dim() == 2 ? x.stride(0) : 0, s1 = x.stride(-1);
     Tensor grad_x = empty(x.shape(), x.dtype());
     const int64_t* t = target_.get().data<int64_t>();
-    dispatch_float(x.dtype(), "cross_entropy", [&]<class T>() {
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, count_);
       const T *px = x.data<T>(), *stats = stats_.get().data<T>();
       T* pg = grad_x.data<T>();
@@ -330,13 +322,14 @@ struct CrossEntropyBackward final : Node {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
-  profile::Scope scope("cross_entropy");
-  const ClassRows g = check_class_target(logits, target, ignore_index, "cross_entropy");
+  constexpr std::string_view op = "cross_entropy";
+  profile::Scope scope(op);
+  const ClassRows g = check_class_target(logits, target, ignore_index, op);
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
-              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
+              "{}: label_smoothing must be in [0, 1], got {}", op, label_smoothing);
   const int64_t* pt = g.target.data<int64_t>();
   Tensor stats = empty({g.N, 2}, logits.dtype());
-  Tensor out = dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+  Tensor out = dispatch_float(logits.dtype(), op, [&]<class T>() {
     const T* x = logits.data<T>();
     T* ps = stats.data<T>();
     std::vector<double> losses(g.N, 0.0);
@@ -355,11 +348,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
         row_grain(g.C));
     return row_losses_result<T>(losses, logits, reduction, g.count);
   });
-  if (any_requires_grad(logits))
-    connect(std::make_shared<CrossEntropyBackward>(logits, g.target, stats, reduction, ignore_index,
-                                                   label_smoothing, g.count),
-            {logits}, out);
-  return out;
+  return record<CrossEntropyBackward>(op, out, {logits}, logits, g.target, stats, reduction,
+                                      ignore_index, label_smoothing, g.count);
 }
 
 }  // namespace ember
