@@ -76,7 +76,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     for (const Tensor& g : grads_out) any_grad = any_grad || g.defined();
     std::vector<Tensor> grads_in;
     if (any_grad) {
-      profile::Scope scope(node->name());
+      profile::Scope scope(profile::is_enabled() ? node->name() : std::string_view());
       grads_in = node->apply(grads_out);
     }
     if (!retain_graph) node->release_saved();

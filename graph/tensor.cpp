@@ -273,7 +273,6 @@ namespace {
 
 // d(to(x))/dx: the gradient converted back to the input's dtype.
 struct ToBackward final : Node {
-  std::string_view name() const override { return "ToBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {grads[0].to(input_dtypes[0])};
   }
@@ -281,28 +280,27 @@ struct ToBackward final : Node {
 
 // clone/contiguous: the identity on values.
 struct CloneBackward final : Node {
-  std::string_view name() const override { return "CloneBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
 };
 
 }  // namespace
 
 Tensor Tensor::to(DType target) const {
-  EMBER_CHECK(defined(), "to: undefined tensor");
+  constexpr std::string_view op = "to";
+  EMBER_CHECK(defined(), "{}: undefined tensor", op);
   if (target == dtype()) return *this;
   Tensor out = empty(shape(), target);
   copy_into(out, *this);
-  if (any_requires_grad(*this) && is_floating(target))
-    connect(std::make_shared<ToBackward>(), {*this}, out);
-  return out;
+  if (!is_floating(target)) return out;  // an integral result carries no gradient
+  return record<ToBackward>(op, out, {*this});
 }
 
 Tensor Tensor::clone() const {
-  EMBER_CHECK(defined(), "clone: undefined tensor");
+  constexpr std::string_view op = "clone";
+  EMBER_CHECK(defined(), "{}: undefined tensor", op);
   Tensor out = empty(shape(), dtype());
   copy_into(out, *this);
-  if (any_requires_grad(*this)) connect(std::make_shared<CloneBackward>(), {*this}, out);
-  return out;
+  return record<CloneBackward>(op, out, {*this});
 }
 
 Tensor Tensor::contiguous() const {

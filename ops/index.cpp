@@ -11,31 +11,13 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
-
-// t[..., start:start+length, ...] along dim, as a view without autograd.
-Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
-  Shape shape = t.shape();
-  shape[dim] = length;
-  return make_view(t, shape, t.strides(), t.storage_offset() + start * t.stride(dim));
-}
-
-// t[..., i, ...] along dim (that dim removed), as a view without autograd.
-Tensor select(const Tensor& t, int64_t dim, int64_t i) {
-  Shape shape = t.shape(), strides = t.strides();
-  shape.erase(shape.begin() + dim);
-  strides.erase(strides.begin() + dim);
-  return make_view(t, shape, strides, t.storage_offset() + i * t.stride(dim));
-}
 
 // Calls line(offsets) once for every line of `shape` along `dim`, with each operand's element
 // offset of that line's first element. The operands may differ in size along `dim` only. Lines
@@ -57,11 +39,12 @@ void for_each_line(Shape shape, int64_t dim, const std::array<Shape, N>& strides
 
 // --- repeat
 
+namespace {
+
 // y = x tiled, viewed as (r0, s0, r1, s1, ...) with y[a, i, b, j, ...] = x[i, j, ...]:
 // dX = dY viewed the same way, summed over r0, r1, ...
 struct RepeatBackward final : Node {
   explicit RepeatBackward(Shape tiled) : tiled_(std::move(tiled)) {}
-  std::string_view name() const override { return "RepeatBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     std::vector<int64_t> tile_dims;
     for (size_t d = 0; d < tiled_.size(); d += 2) tile_dims.push_back(static_cast<int64_t>(d));
@@ -71,15 +54,18 @@ struct RepeatBackward final : Node {
   Shape tiled_;
 };
 
+}  // namespace
+
 Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
-  profile::Scope scope("repeat");
-  check_defined(x, "repeat");
+  constexpr std::string_view op = "repeat";
+  profile::Scope scope(op);
+  check_defined(x, op);
   const int64_t nd = static_cast<int64_t>(repeats.size());
   EMBER_CHECK(nd >= x.dim(),
-              "repeat: number of repeats ({}) can not be smaller than number of dims ({})", nd,
+              "{}: number of repeats ({}) can not be smaller than number of dims ({})", op, nd,
               x.dim());
   for (int64_t r : repeats)
-    EMBER_CHECK(r >= 0, "repeat: repeats must be non-negative, got {} for shape {}", repeats,
+    EMBER_CHECK(r >= 0, "{}: repeats must be non-negative, got {} for shape {}", op, repeats,
                 x.shape());
   // out (r0*s0, r1*s1, ...) is written as (r0, s0, r1, s1, ...) from x viewed as
   // (1, s0, 1, s1, ...) with stride 0 along the r-dims; x's missing leading dims have s = 1.
@@ -96,25 +82,23 @@ Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
   if (out.numel() > 0)
     copy_into(make_view(out, tiled, contiguous_strides(tiled), 0),
               make_view(x, src_shape, src_strides, x.storage_offset()));
-  if (any_requires_grad(x)) connect(std::make_shared<RepeatBackward>(tiled), {x}, out);
-  return out;
+  return record<RepeatBackward>(op, out, {x}, std::move(tiled));
 }
 
 // --- repeat_interleave
+
+namespace {
 
 // y = x with each slice along dim repeated r times, viewed as (..., n, r, ...):
 // dX = dY viewed so, summed over the r-dim
 struct RepeatInterleaveBackward final : Node {
   RepeatInterleaveBackward(Shape split, int64_t dim) : split_(std::move(split)), dim_(dim) {}
-  std::string_view name() const override { return "RepeatInterleaveBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {sum(reshape(grads[0], split_), {dim_ + 1})};
   }
   Shape split_;
   int64_t dim_;
 };
-
-namespace {
 
 // Fast path for a small contiguous x (pre, n, post): each of the pre*n blocks of `post`
 // elements is written `repeats` times in a row.
@@ -138,14 +122,15 @@ void repeat_blocks(const Tensor& x, int64_t dim, int64_t repeats, const Tensor& 
 }  // namespace
 
 Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
-  profile::Scope scope("repeat_interleave");
-  check_defined(x, "repeat_interleave");
-  EMBER_CHECK(repeats >= 0, "repeat_interleave: repeats must be non-negative, got {}", repeats);
+  constexpr std::string_view op = "repeat_interleave";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(repeats >= 0, "{}: repeats must be non-negative, got {}", op, repeats);
   EMBER_CHECK(x.dim() > 0,
-              "repeat_interleave: dim {} given for a 0-d tensor (use repeat_interleave(x, "
-              "repeats) to repeat its one element)",
-              dim);
-  const int64_t d = wrap_dim(dim, x.dim(), "repeat_interleave");
+              "{}: dim {} given for a 0-d tensor (use repeat_interleave(x, repeats) to repeat its "
+              "one element)",
+              op, dim);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
   // out (..., n*r, ...) is written as (..., n, r, ...) from x viewed as (..., n, 1, ...).
   Shape out_shape = x.shape(), split = x.shape(), src_shape = x.shape(), src_strides = x.strides();
   out_shape[d] *= repeats;
@@ -159,43 +144,40 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
     copy_into(make_view(out, split, contiguous_strides(split), 0),
               make_view(x, src_shape, src_strides, x.storage_offset()));
   }
-  if (any_requires_grad(x)) connect(std::make_shared<RepeatInterleaveBackward>(split, d), {x}, out);
-  return out;
+  return record<RepeatInterleaveBackward>(op, out, {x}, std::move(split), d);
 }
 
 Tensor repeat_interleave(const Tensor& x, int64_t repeats) {
-  profile::Scope scope("repeat_interleave");
-  check_defined(x, "repeat_interleave");
+  constexpr std::string_view op = "repeat_interleave";
+  profile::Scope scope(op);
+  check_defined(x, op);
   return repeat_interleave(flatten(x), repeats, 0);
 }
 
 // --- cat and stack
 
+namespace {
+
 // y = cat(x_0, x_1, ...) along dim:  dX_i = dY[..., offset_i : offset_i + size_i, ...], a view;
-// for stack, dX_i = dY[..., i, ...].
+// stack gives no sizes (each x_i is one index along dim):  dX_i = dY[..., i, ...].
 struct CatBackward final : Node {
-  CatBackward(std::string_view name, int64_t dim, std::vector<int64_t> sizes, bool stacked)
-      : name_(name), dim_(dim), sizes_(std::move(sizes)), stacked_(stacked) {}
-  std::string_view name() const override { return name_; }
+  CatBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    std::vector<Tensor> grad_inputs(sizes_.size());
+    const bool stacked = sizes_.empty();
+    std::vector<Tensor> grad_inputs(next_edges.size());
     int64_t offset = 0;
-    for (size_t i = 0; i < sizes_.size(); ++i) {
+    for (size_t i = 0; i < grad_inputs.size(); ++i) {
       if (needs_grad(i))
         grad_inputs[i] =
-            stacked_ ? select(g, dim_, static_cast<int64_t>(i)) : slice(g, dim_, offset, sizes_[i]);
-      offset += sizes_[i];
+            stacked ? select_view(g, dim_, offset) : narrow_view(g, dim_, offset, sizes_[i]);
+      offset += stacked ? 1 : sizes_[i];
     }
     return grad_inputs;
   }
-  std::string_view name_;
   int64_t dim_;
   std::vector<int64_t> sizes_;
-  bool stacked_;
 };
-
-namespace {
 
 // The checks cat and stack share: a non-empty list of defined tensors of one dtype and rank.
 void check_list(const std::vector<Tensor>& tensors, std::string_view op) {
@@ -215,11 +197,12 @@ void check_list(const std::vector<Tensor>& tensors, std::string_view op) {
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  profile::Scope scope("cat");
-  check_list(tensors, "cat");
+  constexpr std::string_view op = "cat";
+  profile::Scope scope(op);
+  check_list(tensors, op);
   const Tensor& first = tensors[0];
-  EMBER_CHECK(first.dim() > 0, "cat: zero-dimensional tensor 0 cannot be concatenated");
-  const int64_t d = wrap_dim(dim, first.dim(), "cat");
+  EMBER_CHECK(first.dim() > 0, "{}: zero-dimensional tensor 0 cannot be concatenated", op);
+  const int64_t d = wrap_dim(dim, first.dim(), op);
   Shape out_shape = first.shape();
   out_shape[d] = 0;
   std::vector<int64_t> sizes(tensors.size());
@@ -227,44 +210,39 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     const Tensor& t = tensors[i];
     for (int64_t k = 0; k < t.dim(); ++k)
       EMBER_CHECK(k == d || t.size(k) == first.size(k),
-                  "cat: sizes must match except in dim {}: tensor {} has shape {} but tensor 0 "
+                  "{}: sizes must match except in dim {}: tensor {} has shape {} but tensor 0 "
                   "has shape {}",
-                  d, i, t.shape(), first.shape());
+                  op, d, i, t.shape(), first.shape());
     sizes[i] = t.size(d);
     out_shape[d] += sizes[i];
   }
   Tensor out = empty(out_shape, first.dtype());
   int64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].numel() > 0) copy_into(slice(out, d, offset, sizes[i]), tensors[i]);
+    if (tensors[i].numel() > 0) copy_into(narrow_view(out, d, offset, sizes[i]), tensors[i]);
     offset += sizes[i];
   }
-  if (any_requires_grad(tensors))
-    connect(std::make_shared<CatBackward>("CatBackward", d, std::move(sizes), false), tensors,
-            {&out});
-  return out;
+  return record<CatBackward>(op, out, tensors, d, std::move(sizes));
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  profile::Scope scope("stack");
-  check_list(tensors, "stack");
+  constexpr std::string_view op = "stack";
+  profile::Scope scope(op);
+  check_list(tensors, op);
   const Tensor& first = tensors[0];
   for (size_t i = 0; i < tensors.size(); ++i)
     EMBER_CHECK(tensors[i].shape() == first.shape(),
-                "stack: all tensors must have one shape: tensor {} has shape {} but tensor 0 has "
+                "{}: all tensors must have one shape: tensor {} has shape {} but tensor 0 has "
                 "shape {}",
-                i, tensors[i].shape(), first.shape());
-  const int64_t d = wrap_dim(dim, first.dim() + 1, "stack");
+                op, i, tensors[i].shape(), first.shape());
+  const int64_t d = wrap_dim(dim, first.dim() + 1, op);
   const int64_t n = static_cast<int64_t>(tensors.size());
   Shape out_shape = first.shape();
   out_shape.insert(out_shape.begin() + d, n);
   Tensor out = empty(out_shape, first.dtype());
   if (out.numel() > 0)
-    for (int64_t i = 0; i < n; ++i) copy_into(select(out, d, i), tensors[i]);
-  if (any_requires_grad(tensors))
-    connect(std::make_shared<CatBackward>("StackBackward", d, std::vector<int64_t>(n, 1), true),
-            tensors, {&out});
-  return out;
+    for (int64_t i = 0; i < n; ++i) copy_into(select_view(out, d, i), tensors[i]);
+  return record<CatBackward>(op, out, tensors, d, std::vector<int64_t>());
 }
 
 // --- index_select
@@ -300,19 +278,16 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
   });
 }
 
-}  // namespace
-
 // y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate)
 struct IndexSelectBackward final : Node {
   IndexSelectBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
-  std::string_view name() const override { return "IndexSelectBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     const Tensor index = index_.get().contiguous();
     const int64_t* idx = index.data<int64_t>();
     const int64_t k_count = g.size(dim_);
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
-    dispatch_float(g.dtype(), "index_select", [&]<class T>() {
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       T* px = grad_x.data<T>();
       const int64_t sg = g.stride(dim_), sx = grad_x.stride(dim_);
@@ -327,36 +302,39 @@ struct IndexSelectBackward final : Node {
   SavedTensor index_;
 };
 
+}  // namespace
+
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  profile::Scope scope("index_select");
-  check_defined(x, "index_select");
-  check_defined(index, "index_select");
-  EMBER_CHECK(index.dtype() == kInt64, "index_select: index must be Int64, got {} (shape {})",
+  constexpr std::string_view op = "index_select";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  check_defined(index, op);
+  EMBER_CHECK(index.dtype() == kInt64, "{}: index must be Int64, got {} (shape {})", op,
               index.dtype(), index.shape());
-  EMBER_CHECK(index.dim() <= 1, "index_select: index must be 1-D, got shape {}", index.shape());
+  EMBER_CHECK(index.dim() <= 1, "{}: index must be 1-D, got shape {}", op, index.shape());
   if (x.dim() == 0) {
-    EMBER_CHECK(index.numel() == 1,
-                "index_select: a 0-d tensor takes exactly one index, got {} (shape {})",
-                index.numel(), index.shape());
+    EMBER_CHECK(index.numel() == 1, "{}: a 0-d tensor takes exactly one index, got {} (shape {})",
+                op, index.numel(), index.shape());
     return reshape(index_select(reshape(x, {1}), dim, index.reshape({1})), {});
   }
-  const int64_t d = wrap_dim(dim, x.dim(), "index_select");
+  const int64_t d = wrap_dim(dim, x.dim(), op);
   const Tensor idx = index.contiguous();
   const int64_t* pi = idx.data<int64_t>();
   const int64_t size = x.size(d);
   for (int64_t k = 0; k < idx.numel(); ++k)
     EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
-                "index_select: index {} out of range for dim {} of size {} (shape {})", pi[k], d,
-                size, x.shape());
+                "{}: index {} out of range for dim {} of size {} (shape {})", op, pi[k], d, size,
+                x.shape());
   Shape out_shape = x.shape();
   out_shape[d] = idx.numel();
   Tensor out = empty(out_shape, x.dtype());
   if (out.numel() > 0) dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
-  if (any_requires_grad(x)) connect(std::make_shared<IndexSelectBackward>(d, idx), {x}, out);
-  return out;
+  return record<IndexSelectBackward>(op, out, {x}, d, idx);
 }
 
 // --- masked_select
+
+namespace {
 
 // y = x[mask] (x and mask broadcast to one shape, read in row-major order):
 // dX = zeros of the broadcast shape with dY written at the mask's true positions (the engine
@@ -365,12 +343,11 @@ struct MaskedSelectBackward final : Node {
   MaskedSelectBackward(const Tensor& mask, Shape shape) : shape_(std::move(shape)) {
     save(mask_, mask);
   }
-  std::string_view name() const override { return "MaskedSelectBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     const Tensor& mask = mask_.get();
     Tensor grad_x = zeros(shape_, g.dtype());
-    dispatch_float(g.dtype(), "masked_select", [&]<class T>() {
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       const bool* pm = mask.data<bool>();
       T* px = grad_x.data<T>();
@@ -388,13 +365,16 @@ struct MaskedSelectBackward final : Node {
   SavedTensor mask_;
 };
 
+}  // namespace
+
 Tensor masked_select(const Tensor& x, const Tensor& mask) {
-  profile::Scope scope("masked_select");
-  check_defined(x, "masked_select");
-  check_defined(mask, "masked_select");
-  EMBER_CHECK(mask.dtype() == kBool, "masked_select: mask must be Bool, got {} (shape {})",
-              mask.dtype(), mask.shape());
-  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_select");
+  constexpr std::string_view op = "masked_select";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  check_defined(mask, op);
+  EMBER_CHECK(mask.dtype() == kBool, "{}: mask must be Bool, got {} (shape {})", op, mask.dtype(),
+              mask.shape());
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), op);
   const Shape mask_strides = broadcast_strides(mask, shape);
   const bool* pm = mask.data<bool>();
   int64_t count = 0;
@@ -413,8 +393,7 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
         if (pm[off[1] + i * st[1]]) po[k++] = px[off[0] + i * st[0]];
     });
   });
-  if (any_requires_grad(x)) connect(std::make_shared<MaskedSelectBackward>(mask, shape), {x}, out);
-  return out;
+  return record<MaskedSelectBackward>(op, out, {x}, mask, shape);
 }
 
 // --- triu and tril
@@ -452,12 +431,9 @@ Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   return out;
 }
 
-}  // namespace
-
 // y = x * triangle mask:  dX = dY * the same mask
 struct TriangleBackward final : Node {
   TriangleBackward(int64_t diagonal, bool upper) : diagonal_(diagonal), upper_(upper) {}
-  std::string_view name() const override { return upper_ ? "TriuBackward" : "TrilBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {triangle(grads[0], diagonal_, upper_)};
   }
@@ -465,25 +441,19 @@ struct TriangleBackward final : Node {
   bool upper_;
 };
 
-namespace {
-Tensor record_triangle(const Tensor& x, int64_t diagonal, bool upper, std::string_view op) {
+// Op `op`: triu (upper) or tril.
+Tensor triangle_op(const Tensor& x, int64_t diagonal, bool upper, std::string_view op) {
+  profile::Scope scope(op);
   check_defined(x, op);
   EMBER_CHECK(x.dim() >= 2, "{}: expected a tensor of at least 2 dims, got shape {}", op,
               x.shape());
-  Tensor out = triangle(x, diagonal, upper);
-  if (any_requires_grad(x)) connect(std::make_shared<TriangleBackward>(diagonal, upper), {x}, out);
-  return out;
+  return record<TriangleBackward>(op, triangle(x, diagonal, upper), {x}, diagonal, upper);
 }
+
 }  // namespace
 
-Tensor triu(const Tensor& x, int64_t diagonal) {
-  profile::Scope scope("triu");
-  return record_triangle(x, diagonal, true, "triu");
-}
-Tensor tril(const Tensor& x, int64_t diagonal) {
-  profile::Scope scope("tril");
-  return record_triangle(x, diagonal, false, "tril");
-}
+Tensor triu(const Tensor& x, int64_t diagonal) { return triangle_op(x, diagonal, true, "triu"); }
+Tensor tril(const Tensor& x, int64_t diagonal) { return triangle_op(x, diagonal, false, "tril"); }
 
 // --- sort
 
@@ -531,17 +501,14 @@ void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tenso
   });
 }
 
-}  // namespace
-
 // values[..., k, ...] = x[..., indices[k], ...] along dim:  dX[..., indices[k], ...] = dValues[k]
 struct SortBackward final : Node {
   SortBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
-  std::string_view name() const override { return "SortBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     const Tensor& indices = indices_.get();
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
-    dispatch_float(g.dtype(), "sort", [&]<class T>() {
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       const int64_t* pi = indices.data<int64_t>();
       T* px = grad_x.data<T>();
@@ -558,10 +525,13 @@ struct SortBackward final : Node {
   SavedTensor indices_;
 };
 
+}  // namespace
+
 SortResult sort(const Tensor& x, int64_t dim, bool descending) {
-  profile::Scope scope("sort");
-  check_defined(x, "sort");
-  const int64_t d = wrap_dim(dim, x.dim(), "sort");
+  constexpr std::string_view op = "sort";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
   if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
   Tensor values = empty(x.shape(), x.dtype()), indices = empty(x.shape(), kInt64);
   if (x.numel() > 0) {
@@ -572,10 +542,8 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
         sort_kernel<T, false>(x, d, values, indices);
     });
   }
-  if (any_requires_grad(x)) connect(std::make_shared<SortBackward>(d, indices), {x}, values);
+  record<SortBackward>(op, {&values}, {x}, d, indices);
   return {values, indices};
 }
-
-// --- methods
 
 }  // namespace ember

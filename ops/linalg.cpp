@@ -14,6 +14,7 @@
 #include "graph/copy.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/reduce.h"
 
 namespace ember {
@@ -258,20 +259,6 @@ Tensor mT(const Tensor& x) {
   return make_view(x, shape, strides, x.storage_offset());
 }
 
-// x with a size-1 dim inserted at d, or the size-1 dim d removed, as views (no autograd).
-Tensor unsqueeze_view(const Tensor& x, int64_t d) {
-  Shape shape = x.shape(), strides = x.strides();
-  shape.insert(shape.begin() + d, 1);
-  strides.insert(strides.begin() + d, d < x.dim() ? x.stride(d) * x.size(d) : 1);
-  return make_view(x, shape, strides, x.storage_offset());
-}
-Tensor drop_dim(const Tensor& x, int64_t d) {
-  Shape shape = x.shape(), strides = x.strides();
-  shape.erase(shape.begin() + d);
-  strides.erase(strides.begin() + d);
-  return make_view(x, shape, strides, x.storage_offset());
-}
-
 // torch.matmul's unit dims: a 1-D left operand is a row (1, k), a 1-D right operand a column.
 Tensor as_left_matrix(const Tensor& a) { return a.dim() == 1 ? unsqueeze_view(a, 0) : a; }
 Tensor as_right_matrix(const Tensor& b) { return b.dim() == 1 ? unsqueeze_view(b, 1) : b; }
@@ -315,18 +302,11 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return mm(a, b, batch_shape(a, b, a.shape(), b.shape()));
 }
 
-void check_float_operands(const Tensor& a, const Tensor& b, std::string_view op) {
-  EMBER_CHECK(a.defined() && b.defined(), "{}: undefined tensor", op);
-  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
-              "{}: expected Float32 or Float64 tensors, got {} and {} (shapes {} and {})", op,
-              a.dtype(), b.dtype(), a.shape(), b.shape());
-}
-
-Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
-
 }  // namespace
 
 // --- matmul
+
+namespace {
 
 // C = A · B with A (..., m, k), B (..., k, n), batch dims broadcast, 1-D operands unsqueezed:
 //   dA = dC · Bᵀ,   dB = Aᵀ · dC
@@ -337,7 +317,6 @@ struct MatmulBackward final : Node {
     if (b.requires_grad()) save(a_, as_left_matrix(a));
     if (a.requires_grad()) save(b_, as_right_matrix(b));
   }
-  std::string_view name() const override { return "MatmulBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     Tensor g = grads[0];  // back to (batch..., m, n)
     if (a_vec_) g = unsqueeze_view(g, g.dim() - (b_vec_ ? 0 : 1));
@@ -346,7 +325,7 @@ struct MatmulBackward final : Node {
     if (needs_grad(0)) {
       // dA = dC · Bᵀ
       grad_a = mm(g, mT(b_.get()));
-      if (a_vec_) grad_a = drop_dim(grad_a, grad_a.dim() - 2);
+      if (a_vec_) grad_a = select_view(grad_a, grad_a.dim() - 2, 0);
     }
     if (needs_grad(1)) {
       const Tensor& a = a_.get();
@@ -359,7 +338,7 @@ struct MatmulBackward final : Node {
         // dB = Aᵀ · dC
         grad_b = mm(mT(a), g);
       }
-      if (b_vec_) grad_b = drop_dim(grad_b, grad_b.dim() - 1);
+      if (b_vec_) grad_b = select_view(grad_b, grad_b.dim() - 1, 0);
     }
     return {grad_a, grad_b};
   }
@@ -367,16 +346,18 @@ struct MatmulBackward final : Node {
   SavedTensor a_, b_;
 };
 
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  profile::Scope scope("matmul");
-  check_float_operands(a, b, "matmul");
+  constexpr std::string_view op = "matmul";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(a, b, op);
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
-              "matmul: both arguments need at least 1 dim, got shapes {} and {}", a.shape(),
+              "{}: both arguments need at least 1 dim, got shapes {} and {}", op, a.shape(),
               b.shape());
   const int64_t ka = a.size(-1), kb = b.size(b.dim() == 1 ? 0 : -2);
-  EMBER_CHECK(ka == kb, "matmul: shapes {} and {} cannot be multiplied ({} != {})", a.shape(),
+  EMBER_CHECK(ka == kb, "{}: shapes {} and {} cannot be multiplied ({} != {})", op, a.shape(),
               b.shape(), ka, kb);
-  const DType dtype = promote(a.dtype(), b.dtype());
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
   const Tensor a2 = as_left_matrix(x), b2 = as_right_matrix(y);
   const Shape batch = batch_shape(a2, b2, a.shape(), b.shape());
@@ -385,11 +366,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dim() > 1) shape.push_back(a2.size(-2));
   if (b.dim() > 1) shape.push_back(b2.size(-1));
   if (shape != out.shape()) out = make_view(out, shape, contiguous_strides(shape), 0);
-  if (any_requires_grad(x, y)) connect(std::make_shared<MatmulBackward>(x, y), {x, y}, out);
-  return out;
+  return record<MatmulBackward>(op, out, {x, y}, x, y);
 }
 
 // --- bmm
+
+namespace {
 
 // C = A · B, A (n, p, q), B (n, q, r):  dA = dC · Bᵀ,  dB = Aᵀ · dC
 struct BmmBackward final : Node {
@@ -397,7 +379,6 @@ struct BmmBackward final : Node {
     if (b.requires_grad()) save(a_, a);
     if (a.requires_grad()) save(b_, b);
   }
-  std::string_view name() const override { return "BmmBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     return {needs_grad(0) ? mm(g, mT(b_.get())) : Tensor(),
@@ -406,23 +387,25 @@ struct BmmBackward final : Node {
   SavedTensor a_, b_;
 };
 
+}  // namespace
+
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  profile::Scope scope("bmm");
-  check_float_operands(a, b, "bmm");
-  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got shapes {} and {}",
+  constexpr std::string_view op = "bmm";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(a, b, op);
+  EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "{}: expected 3-D tensors, got shapes {} and {}", op,
               a.shape(), b.shape());
-  EMBER_CHECK(a.size(0) == b.size(0), "bmm: batch sizes of shapes {} and {} differ ({} != {})",
+  EMBER_CHECK(a.size(0) == b.size(0), "{}: batch sizes of shapes {} and {} differ ({} != {})", op,
               a.shape(), b.shape(), a.size(0), b.size(0));
-  EMBER_CHECK(a.size(2) == b.size(1), "bmm: shapes {} and {} cannot be multiplied ({} != {})",
+  EMBER_CHECK(a.size(2) == b.size(1), "{}: shapes {} and {} cannot be multiplied ({} != {})", op,
               a.shape(), b.shape(), a.size(2), b.size(1));
-  const DType dtype = promote(a.dtype(), b.dtype());
   const Tensor x = as_type(a, dtype), y = as_type(b, dtype);
-  Tensor out = mm(x, y, {x.size(0)});
-  if (any_requires_grad(x, y)) connect(std::make_shared<BmmBackward>(x, y), {x, y}, out);
-  return out;
+  return record<BmmBackward>(op, mm(x, y, {x.size(0)}), {x, y}, x, y);
 }
 
 // --- linear
+
+namespace {
 
 // y = x · Wᵀ + b over rows, x (N, in) (its leading dims flattened), W (out, in), b (out):
 //   dX = dY · W,   dW = dYᵀ · X,   db = Σ_rows dY
@@ -432,7 +415,6 @@ struct LinearBackward final : Node {
     if (weight.requires_grad()) save(x_rows_, x_rows);
     if (x.requires_grad()) save(weight_, weight);
   }
-  std::string_view name() const override { return "LinearBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = rows_of(grads[0]);  // (N, out)
     Tensor grad_x, grad_w, grad_b;
@@ -454,23 +436,24 @@ struct LinearBackward final : Node {
   SavedTensor x_rows_, weight_;
 };
 
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  profile::Scope scope("linear");
-  check_float_operands(x, weight, "linear");
-  EMBER_CHECK(x.dim() >= 1, "linear: input must have at least 1 dim, got shape {}", x.shape());
-  EMBER_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out, in), got shape {}",
+  constexpr std::string_view op = "linear";
+  profile::Scope scope(op);
+  DType dtype = floating_type(x, weight, op);
+  EMBER_CHECK(x.dim() >= 1, "{}: input must have at least 1 dim, got shape {}", op, x.shape());
+  EMBER_CHECK(weight.dim() == 2, "{}: weight must be 2-D (out, in), got shape {}", op,
               weight.shape());
   EMBER_CHECK(x.size(-1) == weight.size(1),
-              "linear: input of shape {} has {} features, weight of shape {} expects {}", x.shape(),
+              "{}: input of shape {} has {} features, weight of shape {} expects {}", op, x.shape(),
               x.size(-1), weight.shape(), weight.size(1));
-  DType dtype = promote(x.dtype(), weight.dtype());
   if (bias.defined()) {
-    EMBER_CHECK(is_floating(bias.dtype()), "linear: expected a Float32 or Float64 bias, got {}",
+    EMBER_CHECK(is_floating(bias.dtype()), "{}: expected a Float32 or Float64 bias, got {}", op,
                 bias.dtype());
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
-                "linear: bias of shape {} does not match the {} output features of weight of "
-                "shape {}",
-                bias.shape(), weight.size(0), weight.shape());
+                "{}: bias of shape {} does not match the {} output features of weight of shape {}",
+                op, bias.shape(), weight.size(0), weight.shape());
     dtype = promote(dtype, bias.dtype());
   }
   const Tensor in = as_type(x, dtype), w = as_type(weight, dtype);
@@ -484,9 +467,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor out_rows = make_view(out, {x_rows.size(0), out_features}, {out_features, 1}, 0);
   if (b.defined()) copy_into(out_rows, b);
   gemm(x_rows, mT(w), out_rows, 1.0, b.defined() ? 1.0 : 0.0);
-  if (any_requires_grad(in, w, b))
-    connect(std::make_shared<LinearBackward>(in, x_rows, w), {in, w, b}, out);
-  return out;
+  return record<LinearBackward>(op, out, {in, w, b}, in, x_rows, w);
 }
 
 // --- gemm, the building block
@@ -509,6 +490,5 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, doubl
     gemm_into<T>(a, b, c, static_cast<T>(alpha), static_cast<T>(beta));
   });
 }
-
 
 }  // namespace ember

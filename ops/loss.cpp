@@ -11,16 +11,13 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // Sum (or mean over `count`) of n values as a 0-d tensor of T.
 template <class T, class V>
@@ -47,15 +44,6 @@ struct LossGrad {
   const T* per_element_ = nullptr;  // dOut per element (None), else the one scale_
   T scale_ = 0;
 };
-
-// The common dtype of two floating loss operands.
-DType loss_dtype(const Tensor& a, const Tensor& b, std::string_view op) {
-  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
-              "{}: expected Float32 or Float64 tensors, got {} and {}", op, a.dtype(), b.dtype());
-  return promote(a.dtype(), b.dtype());
-}
-
-Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
 
 // A pointwise loss l(input, target) over the broadcast shape, reduced.
 template <class F>
@@ -87,16 +75,17 @@ Tensor pointwise_grad(const Tensor& a, const Tensor& b, const Tensor& g, Reducti
 
 // --- mse_loss
 
+namespace {
+
 // l = (x - t)²:  dX = 2 (x - t) dL,  dT = -2 (x - t) dL
 struct MseLossBackward final : Node {
   MseLossBackward(const Tensor& input, const Tensor& target, Reduction reduction)
       : reduction_(reduction) {
     save(input_, input), save(target_, target);
   }
-  std::string_view name() const override { return "MseLossBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor &x = input_.get(), &t = target_.get();
-    return dispatch_float(x.dtype(), "mse_loss", [&]<class T>() {
+    return dispatch_float(x.dtype(), op(), [&]<class T>() {
       const Tensor grad_x =
           pointwise_grad<T>(x, t, grads[0], reduction_, [](T a, T b) { return 2 * (a - b); });
       return std::vector<Tensor>{needs_grad(0) ? grad_x : Tensor(),
@@ -107,22 +96,23 @@ struct MseLossBackward final : Node {
   SavedTensor input_, target_;
 };
 
+}  // namespace
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  profile::Scope scope("mse_loss");
-  check_defined(input, "mse_loss");
-  check_defined(target, "mse_loss");
-  const DType dtype = loss_dtype(input, target, "mse_loss");
+  constexpr std::string_view op = "mse_loss";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(input, target, op);
   const Tensor x = as_type(input, dtype), t = as_type(target, dtype);
-  Tensor out = pointwise_loss(x, t, reduction, "mse_loss", [](auto a, auto b) {
+  Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     const auto d = a - b;
     return d * d;
   });
-  if (any_requires_grad(input, target))
-    connect(std::make_shared<MseLossBackward>(x, t, reduction), {x, t}, out);
-  return out;
+  return record<MseLossBackward>(op, out, {x, t}, x, t, reduction);
 }
 
 // --- kl_div
+
+namespace {
 
 // l = t (log t - x), 0 where t = 0 (torch's xlogy):  dX = -t dL,
 // dT = (log t + 1 - x) dL where t > 0 (0 where t = 0, the limit of the one-sided subgradient)
@@ -131,10 +121,9 @@ struct KlDivBackward final : Node {
       : reduction_(reduction) {
     save(input_, input), save(target_, target);
   }
-  std::string_view name() const override { return "KlDivBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& t = target_.get();
-    return dispatch_float(t.dtype(), "kl_div", [&]<class T>() {
+    return dispatch_float(t.dtype(), op(), [&]<class T>() {
       Tensor grad_x, grad_t;
       if (needs_grad(0))
         grad_x =
@@ -149,19 +138,18 @@ struct KlDivBackward final : Node {
   SavedTensor input_, target_;
 };
 
+}  // namespace
+
 Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
-  profile::Scope scope("kl_div");
-  check_defined(log_probs, "kl_div");
-  check_defined(target, "kl_div");
-  const DType dtype = loss_dtype(log_probs, target, "kl_div");
+  constexpr std::string_view op = "kl_div";
+  profile::Scope scope(op);
+  const DType dtype = floating_type(log_probs, target, op);
   const Tensor x = as_type(log_probs, dtype), t = as_type(target, dtype);
-  Tensor out = pointwise_loss(x, t, reduction, "kl_div", [](auto a, auto b) {
+  Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     using T = decltype(a);
     return b > 0 ? b * (std::log(b) - a) : b == 0 ? T(0) : std::numeric_limits<T>::quiet_NaN();
   });
-  if (any_requires_grad(log_probs, target))
-    connect(std::make_shared<KlDivBackward>(x, t, reduction), {x, t}, out);
-  return out;
+  return record<KlDivBackward>(op, out, {x, t}, x, t, reduction);
 }
 
 // --- nll_loss and cross_entropy: one row of class scores per target
@@ -182,8 +170,7 @@ ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t
   check_defined(target, op);
   EMBER_CHECK(scores.dim() == 1 || scores.dim() == 2,
               "{}: expected input of shape (N, C) or (C), got shape {}", op, scores.shape());
-  EMBER_CHECK(is_floating(scores.dtype()), "{}: expected a Float32 or Float64 input, got {}", op,
-              scores.dtype());
+  check_floating(scores, op);
   EMBER_CHECK(target.dtype() == kInt64, "{}: target must be Int64, got {} of shape {}", op,
               target.dtype(), target.shape());
   const bool batched = scores.dim() == 2;
@@ -220,21 +207,18 @@ Tensor row_losses_result(const std::vector<double>& losses, const Tensor& scores
   return out;
 }
 
-}  // namespace
-
 // l_n = -x[n, t_n] (0 when t_n is ignored):  dX[n, t_n] = -dL_n, 0 elsewhere
 struct NllLossBackward final : Node {
   NllLossBackward(const Tensor& target, Reduction reduction, int64_t ignore_index, double count)
       : reduction_(reduction), ignore_index_(ignore_index), count_(count) {
     save(target_, target);
   }
-  std::string_view name() const override { return "NllLossBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& shape = input_shapes[0];
     Tensor grad_x = zeros(shape, input_dtypes[0]);
     const int64_t C = shape.back(), N = shape.size() == 2 ? shape[0] : 1;
     const int64_t* t = target_.get().data<int64_t>();
-    dispatch_float(grad_x.dtype(), "nll_loss", [&]<class T>() {
+    dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, count_);
       T* px = grad_x.data<T>();
       for (int64_t n = 0; n < N; ++n)
@@ -248,22 +232,22 @@ struct NllLossBackward final : Node {
   SavedTensor target_;
 };
 
+}  // namespace
+
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index) {
-  profile::Scope scope("nll_loss");
-  const ClassRows g = check_class_target(log_probs, target, ignore_index, "nll_loss");
+  constexpr std::string_view op = "nll_loss";
+  profile::Scope scope(op);
+  const ClassRows g = check_class_target(log_probs, target, ignore_index, op);
   const int64_t* pt = g.target.data<int64_t>();
-  Tensor out = dispatch_float(log_probs.dtype(), "nll_loss", [&]<class T>() {
+  Tensor out = dispatch_float(log_probs.dtype(), op, [&]<class T>() {
     const T* x = log_probs.data<T>();
     std::vector<double> losses(g.N, 0.0);
     for (int64_t n = 0; n < g.N; ++n)
       if (pt[n] != ignore_index) losses[n] = -x[n * g.row_stride + pt[n] * g.class_stride];
     return row_losses_result<T>(losses, log_probs, reduction, g.count);
   });
-  if (any_requires_grad(log_probs))
-    connect(std::make_shared<NllLossBackward>(g.target, reduction, ignore_index, g.count),
-            {log_probs}, out);
-  return out;
+  return record<NllLossBackward>(op, out, {log_probs}, g.target, reduction, ignore_index, g.count);
 }
 
 namespace {
@@ -288,8 +272,6 @@ inline double cross_entropy_row(const T* x, int64_t s, int64_t C, int64_t t, dou
   return eps == 0 ? nll : (1 - eps) * nll + eps / C * (sum_gap + C * log_s);
 }
 
-}  // namespace
-
 // l_n = (1 - eps) (-log p[n, t_n]) + eps / C Σ_c -log p[n, c],  p = softmax(x[n]):
 //   dX[n, c] = dL_n (p[n, c] - (1 - eps) [c = t_n] - eps / C),  0 for ignored rows
 // Saves the logits (an input) and per row (m, log_s), so p = exp((x - m) - log_s).
@@ -299,14 +281,13 @@ struct CrossEntropyBackward final : Node {
       : reduction_(reduction), ignore_index_(ignore_index), eps_(eps), count_(count) {
     save(logits_, logits), save(target_, target), save(stats_, stats);
   }
-  std::string_view name() const override { return "CrossEntropyBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& x = logits_.get();
     const int64_t C = x.size(-1), N = x.dim() == 2 ? x.size(0) : 1;
     const int64_t s0 = x.dim() == 2 ? x.stride(0) : 0, s1 = x.stride(-1);
     Tensor grad_x = empty(x.shape(), x.dtype());
     const int64_t* t = target_.get().data<int64_t>();
-    dispatch_float(x.dtype(), "cross_entropy", [&]<class T>() {
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, count_);
       const T *px = x.data<T>(), *stats = stats_.get().data<T>();
       T* pg = grad_x.data<T>();
@@ -337,15 +318,18 @@ struct CrossEntropyBackward final : Node {
   SavedTensor logits_, target_, stats_;
 };
 
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
-  profile::Scope scope("cross_entropy");
-  const ClassRows g = check_class_target(logits, target, ignore_index, "cross_entropy");
+  constexpr std::string_view op = "cross_entropy";
+  profile::Scope scope(op);
+  const ClassRows g = check_class_target(logits, target, ignore_index, op);
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
-              "cross_entropy: label_smoothing must be in [0, 1], got {}", label_smoothing);
+              "{}: label_smoothing must be in [0, 1], got {}", op, label_smoothing);
   const int64_t* pt = g.target.data<int64_t>();
   Tensor stats = empty({g.N, 2}, logits.dtype());
-  Tensor out = dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+  Tensor out = dispatch_float(logits.dtype(), op, [&]<class T>() {
     const T* x = logits.data<T>();
     T* ps = stats.data<T>();
     std::vector<double> losses(g.N, 0.0);
@@ -364,12 +348,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
         row_grain(g.C));
     return row_losses_result<T>(losses, logits, reduction, g.count);
   });
-  if (any_requires_grad(logits))
-    connect(std::make_shared<CrossEntropyBackward>(logits, g.target, stats, reduction, ignore_index,
-                                                   label_smoothing, g.count),
-            {logits}, out);
-  return out;
+  return record<CrossEntropyBackward>(op, out, {logits}, logits, g.target, stats, reduction,
+                                      ignore_index, label_smoothing, g.count);
 }
-
 
 }  // namespace ember

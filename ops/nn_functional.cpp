@@ -14,6 +14,7 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/random.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 #include "ops/vec_math.h"
@@ -21,10 +22,6 @@
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // The rows of a tensor along one dim: row r starts `start(r)` elements after data<T>() and
 // steps by `stride`. Rows are numbered in row-major order of the other dims, so row r of a
@@ -216,15 +213,12 @@ inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64
   }
 }
 
-}  // namespace
-
 // y = softmax(x) or log_softmax(x) along dim_; saves the output y as data (Note [Saved outputs]).
 //   softmax:      dX = y * (dY - Σ_dim dY * y)
 //   log_softmax:  dX = dY - exp(y) * Σ_dim dY
 template <bool Log>
 struct SoftmaxBackward final : Node {
   SoftmaxBackward(int64_t dim, const Tensor& y) : dim_(dim) { save(y_, y); }
-  std::string_view name() const override { return Log ? "LogSoftmaxBackward" : "SoftmaxBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = grads[0].contiguous();
     const Tensor& y = y_.get();
@@ -248,33 +242,24 @@ struct SoftmaxBackward final : Node {
   SavedTensor y_;
 };
 
-namespace {
-
+// Op `op`: softmax or (Log) log_softmax.
 template <bool Log>
 Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
+  profile::Scope scope(op);
   check_defined(x, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
-  EMBER_CHECK(is_floating(x.dtype()),
-              "{}: expected a Float32 or Float64 tensor, got {} of shape {}", op, x.dtype(),
-              x.shape());
+  check_floating(x, op);
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), op, [&]<class T>() {
     softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
   });
-  if (any_requires_grad(x)) connect(std::make_shared<SoftmaxBackward<Log>>(d, out), {x}, out);
-  return out;
+  return record<SoftmaxBackward<Log>>(op, out, {x}, d, out);
 }
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) {
-  profile::Scope scope("softmax");
-  return softmax_op<false>(x, dim, "softmax");
-}
-Tensor log_softmax(const Tensor& x, int64_t dim) {
-  profile::Scope scope("log_softmax");
-  return softmax_op<true>(x, dim, "log_softmax");
-}
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op<false>(x, dim, "softmax"); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op<true>(x, dim, "log_softmax"); }
 
 // --- layer_norm
 
@@ -428,8 +413,6 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-}  // namespace
-
 // y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
 // x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative).
 struct LayerNormBackward final : Node {
@@ -437,7 +420,6 @@ struct LayerNormBackward final : Node {
       : M_(mean.numel()), N_(M_ == 0 ? 0 : x.numel() / M_) {
     save(x_, x), save(weight_, weight), save(mean_, mean), save(rstd_, rstd);
   }
-  std::string_view name() const override { return "LayerNormBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = grads[0].contiguous();
     const Tensor& x = x_.get();
@@ -445,7 +427,7 @@ struct LayerNormBackward final : Node {
     if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype());
     if (needs_grad(1)) grad_w = empty(input_shapes[1], x.dtype());
     if (needs_grad(2)) grad_b = empty(input_shapes[2], x.dtype());
-    dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
       layer_norm_backward<T>(g.data<T>(), x.data<T>(), data_or_null<T>(weight_.get()),
                              mean_.get().data<T>(), rstd_.get().data<T>(),
                              grad_x.defined() ? grad_x.data<T>() : nullptr,
@@ -458,15 +440,13 @@ struct LayerNormBackward final : Node {
   SavedTensor x_, weight_, mean_, rstd_;
 };
 
-namespace {
-
 void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shape,
-                  std::string_view what) {
+                  std::string_view what, std::string_view op) {
   if (!p.defined()) return;
   EMBER_CHECK(p.shape() == normalized_shape,
-              "layer_norm: {} of shape {} does not match normalized_shape {}", what, p.shape(),
+              "{}: {} of shape {} does not match normalized_shape {}", op, what, p.shape(),
               normalized_shape);
-  EMBER_CHECK(p.dtype() == x.dtype(), "layer_norm: {} is {} but the input is {}", what, p.dtype(),
+  EMBER_CHECK(p.dtype() == x.dtype(), "{}: {} is {} but the input is {}", op, what, p.dtype(),
               x.dtype());
 }
 
@@ -474,33 +454,28 @@ void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shap
 
 Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  profile::Scope scope("layer_norm");
-  check_defined(x, "layer_norm");
-  EMBER_CHECK(is_floating(x.dtype()),
-              "layer_norm: expected a Float32 or Float64 input, got {} of shape {}", x.dtype(),
-              x.shape());
+  constexpr std::string_view op = "layer_norm";
+  profile::Scope scope(op);
+  check_floating(x, op);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  EMBER_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dim, got {}",
+  EMBER_CHECK(k >= 1, "{}: normalized_shape must have at least one dim, got {}", op,
               normalized_shape);
   EMBER_CHECK(k <= x.dim() && Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
-              "layer_norm: normalized_shape {} does not match the trailing dims of the input of "
-              "shape {}",
-              normalized_shape, x.shape());
-  check_affine(x, weight, normalized_shape, "weight");
-  check_affine(x, bias, normalized_shape, "bias");
-  EMBER_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got {}", eps);
+              "{}: normalized_shape {} does not match the trailing dims of the input of shape {}",
+              op, normalized_shape, x.shape());
+  check_affine(x, weight, normalized_shape, "weight", op);
+  check_affine(x, bias, normalized_shape, "bias", op);
+  EMBER_CHECK(eps >= 0, "{}: eps must be non-negative, got {}", op, eps);
 
   const int64_t N = shape_numel(normalized_shape), M = N == 0 ? 0 : x.numel() / N;
   const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
   Tensor out = empty(x.shape(), x.dtype());
   Tensor mean = empty({M}, x.dtype()), rstd = empty({M}, x.dtype());
-  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+  dispatch_float(x.dtype(), op, [&]<class T>() {
     layer_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
                           mean.data<T>(), rstd.data<T>(), M, N, eps);
   });
-  if (any_requires_grad(x, weight, bias))
-    connect(std::make_shared<LayerNormBackward>(xc, w, mean, rstd), {x, weight, bias}, out);
-  return out;
+  return record<LayerNormBackward>(op, out, {x, weight, bias}, xc, w, mean, rstd);
 }
 
 // --- dropout
@@ -551,52 +526,49 @@ void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m) {
   }
 }
 
-Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m) {
+Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_view op) {
   const Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.dtype());
-  dispatch_float(x.dtype(), "dropout", [&]<class T>() {
+  dispatch_float(x.dtype(), op, [&]<class T>() {
     apply_dropout_mask(xc.data<T>(), out.data<T>(), xc.numel(), m);
   });
   return out;
 }
 
-}  // namespace
-
 // y = x * mask * scale:  dX = dY * mask * scale, the mask recomputed (Note [Dropout masks])
 struct DropoutBackward final : Node {
   explicit DropoutBackward(const DropoutMask& mask) : mask_(mask) {}
-  std::string_view name() const override { return "DropoutBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {apply_dropout_mask(grads[0], mask_)};
+    return {apply_dropout_mask(grads[0], mask_, op())};
   }
   DropoutMask mask_;
 };
 
+}  // namespace
+
 Tensor dropout(const Tensor& x, double p, bool training) {
-  profile::Scope scope("dropout");
-  check_defined(x, "dropout");
-  EMBER_CHECK(p >= 0 && p < 1, "dropout: probability has to be in [0, 1), got {}", p);
+  constexpr std::string_view op = "dropout";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(p >= 0 && p < 1, "{}: probability has to be in [0, 1), got {}", op, p);
   if (!training || p == 0) return x;
-  EMBER_CHECK(is_floating(x.dtype()),
-              "dropout: expected a Float32 or Float64 tensor, got {} of shape {}", x.dtype(),
-              x.shape());
+  check_floating(x, op);
   const DropoutMask mask{random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
-  Tensor out = apply_dropout_mask(x, mask);
-  if (any_requires_grad(x)) connect(std::make_shared<DropoutBackward>(mask), {x}, out);
-  return out;
+  return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op), {x}, mask);
 }
 
 // --- embedding
 
+namespace {
+
 // out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up)
 struct EmbeddingBackward final : Node {
   explicit EmbeddingBackward(const Tensor& indices) { save(indices_, indices); }
-  std::string_view name() const override { return "EmbeddingBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = grads[0].contiguous();
     const Shape& wshape = input_shapes[0];
     Tensor grad_w = zeros(wshape, g.dtype());
-    dispatch_float(g.dtype(), "embedding", [&]<class T>() {
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
       const int64_t* idx = indices_.get().data<int64_t>();
       const T* pg = g.data<T>();
       T* pw = grad_w.data<T>();
@@ -612,27 +584,30 @@ struct EmbeddingBackward final : Node {
   SavedTensor indices_;
 };
 
+}  // namespace
+
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  profile::Scope scope("embedding");
-  check_defined(weight, "embedding");
-  check_defined(indices, "embedding");
-  EMBER_CHECK(weight.dim() == 2,
-              "embedding: weight must be 2-D (num_embeddings, dim), got shape {}", weight.shape());
-  EMBER_CHECK(is_floating(weight.dtype()), "embedding: weight must be Float32 or Float64, got {}",
+  constexpr std::string_view op = "embedding";
+  profile::Scope scope(op);
+  check_defined(weight, op);
+  check_defined(indices, op);
+  EMBER_CHECK(weight.dim() == 2, "{}: weight must be 2-D (num_embeddings, dim), got shape {}", op,
+              weight.shape());
+  EMBER_CHECK(is_floating(weight.dtype()), "{}: weight must be Float32 or Float64, got {}", op,
               weight.dtype());
-  EMBER_CHECK(indices.dtype() == kInt64, "embedding: indices must be Int64, got {} of shape {}",
+  EMBER_CHECK(indices.dtype() == kInt64, "{}: indices must be Int64, got {} of shape {}", op,
               indices.dtype(), indices.shape());
   const Tensor idx = indices.contiguous();
   const int64_t rows = weight.size(0), dim = weight.size(1), count = idx.numel();
   const int64_t* pi = idx.data<int64_t>();
   for (int64_t k = 0; k < count; ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "embedding: index {} out of range for {} rows", pi[k],
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "{}: index {} out of range for {} rows", op, pi[k],
                 rows);
 
   Shape shape = indices.shape();
   shape.push_back(dim);
   Tensor out = empty(shape, weight.dtype());
-  dispatch_float(weight.dtype(), "embedding", [&]<class T>() {
+  dispatch_float(weight.dtype(), op, [&]<class T>() {
     const T* pw = weight.data<T>();
     T* po = out.data<T>();
     const int64_t s0 = weight.stride(0), s1 = weight.stride(1);
@@ -650,8 +625,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
         },
         row_grain(dim));
   });
-  if (any_requires_grad(weight)) connect(std::make_shared<EmbeddingBackward>(idx), {weight}, out);
-  return out;
+  return record<EmbeddingBackward>(op, out, {weight}, idx);
 }
 
 }  // namespace ember

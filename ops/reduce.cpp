@@ -10,6 +10,7 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/common.h"
 #include "ops/elementwise.h"
 
 namespace ember {
@@ -27,6 +28,14 @@ std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims
     reduce[w] = true;
   }
   return reduce;
+}
+
+// How many elements of x each output element sums.
+int64_t reduced_count(const Tensor& x, const std::vector<bool>& reduce) {
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (reduce[d]) count *= x.size(d);
+  return count;
 }
 
 Shape reduced_shape(const Shape& shape, const std::vector<bool>& reduce, bool keepdim) {
@@ -127,13 +136,10 @@ Tensor expand_reduced(const Tensor& g, const Shape& in_shape, const std::vector<
   return make_view(g, in_shape, strides, g.storage_offset());
 }
 
-}  // namespace
-
 // y = sum(x over dims):  dX = dY broadcast back over the reduced dims
 struct SumBackward final : Node {
   SumBackward(std::vector<bool> reduce, bool keepdim)
       : reduce_(std::move(reduce)), keepdim_(keepdim) {}
-  std::string_view name() const override { return "SumBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {expand_reduced(grads[0], input_shapes[0], reduce_, keepdim_)};
   }
@@ -141,65 +147,52 @@ struct SumBackward final : Node {
   bool keepdim_;
 };
 
+}  // namespace
+
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
-  profile::Scope scope("sum");
-  EMBER_CHECK(x.defined(), "sum: undefined tensor");
-  const std::vector<bool> reduce = reduced_dims(x, dims, "sum");
-  Tensor out = sum_impl(x, reduce, keepdim);
-  if (any_requires_grad(x)) connect(std::make_shared<SumBackward>(reduce, keepdim), {x}, out);
-  return out;
+  constexpr std::string_view op = "sum";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  const std::vector<bool> reduce = reduced_dims(x, dims, op);
+  return record<SumBackward>(op, sum_impl(x, reduce, keepdim), {x}, reduce, keepdim);
 }
 
-Tensor sum(const Tensor& x) {
-  profile::Scope scope("sum");
-  return sum(x, {}, false);
-}
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
 
 Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
-  profile::Scope scope("mean");
-  EMBER_CHECK(x.defined(), "mean: undefined tensor");
-  EMBER_CHECK(is_floating(x.dtype()), "mean: expected a Float32 or Float64 tensor, got {}",
-              x.dtype());
-  const std::vector<bool> reduce = reduced_dims(x, dims, "mean");
-  int64_t count = 1;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (reduce[d]) count *= x.size(d);
+  constexpr std::string_view op = "mean";
+  profile::Scope scope(op);
+  check_floating(x, op);
+  const int64_t count = reduced_count(x, reduced_dims(x, dims, op));
   return div(sum(x, dims, keepdim), static_cast<double>(count));
 }
 
-Tensor mean(const Tensor& x) {
-  profile::Scope scope("mean");
-  return mean(x, {}, false);
-}
+Tensor mean(const Tensor& x) { return mean(x, {}, false); }
 
 // var = sum((x - mean)²) / (N - unbiased), composed from differentiable ops.
 Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepdim) {
-  profile::Scope scope("var");
-  EMBER_CHECK(x.defined(), "var: undefined tensor");
-  EMBER_CHECK(is_floating(x.dtype()), "var: expected a Float32 or Float64 tensor, got {}",
-              x.dtype());
-  const std::vector<bool> reduce = reduced_dims(x, dims, "var");
-  int64_t count = 1;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (reduce[d]) count *= x.size(d);
+  constexpr std::string_view op = "var";
+  profile::Scope scope(op);
+  check_floating(x, op);
+  const int64_t count = reduced_count(x, reduced_dims(x, dims, op));
   const Tensor centered = sub(x, mean(x, dims, true));
   const double divisor = static_cast<double>(count) - (unbiased ? 1.0 : 0.0);
   return div(sum(mul(centered, centered), dims, keepdim), divisor);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
-  profile::Scope scope("sum_to");
+  constexpr std::string_view op = "sum_to";
+  profile::Scope scope(op);
   if (x.shape() == shape) return x;
-  EMBER_CHECK(broadcast_shapes(x.shape(), shape, "sum_to") == x.shape(),
-              "sum_to: shape {} is not a broadcast of {}", x.shape(), shape);
+  EMBER_CHECK(broadcast_shapes(x.shape(), shape, op) == x.shape(),
+              "{}: shape {} is not a broadcast of {}", op, x.shape(), shape);
   const size_t lead = x.shape().size() - shape.size();
   std::vector<bool> reduce(x.dim(), false);
   for (size_t d = 0; d < x.shape().size(); ++d)
     reduce[d] = d < lead || (shape[d - lead] == 1 && x.shape()[d] != 1);
-  Tensor out = sum_impl(x, reduce, true);
-  out = make_view(out, shape, contiguous_strides(shape), 0);
-  if (any_requires_grad(x)) connect(std::make_shared<SumBackward>(reduce, true), {x}, out);
-  return out;
+  const Tensor summed = sum_impl(x, reduce, true);  // keepdim: the same elements in `shape`
+  return record<SumBackward>(op, make_view(summed, shape, contiguous_strides(shape), 0), {x},
+                             reduce, true);
 }
 
 // --- max and argmax
@@ -236,18 +229,15 @@ void max_kernel(const Tensor& x, int64_t dim, T* values, int64_t* indices) {
   });
 }
 
-}  // namespace
-
 // values = max(x, dim):  dX[argmax] = dValues, 0 elsewhere
 struct MaxBackward final : Node {
   MaxBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
-  std::string_view name() const override { return "MaxBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& in = input_shapes[0];
     const Tensor g = grads[0].contiguous();
     const Tensor idx = indices_.get().contiguous();
     Tensor grad_x = zeros(in, g.dtype());
-    dispatch_float(g.dtype(), "max", [&]<class T>() {
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       const int64_t* pi = idx.data<int64_t>();
       T* px = grad_x.data<T>();
@@ -265,17 +255,20 @@ struct MaxBackward final : Node {
   SavedTensor indices_;
 };
 
+}  // namespace
+
 MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
-  profile::Scope scope("max");
-  EMBER_CHECK(x.defined(), "max: undefined tensor");
-  const int64_t d = wrap_dim(dim, x.dim(), "max");
-  EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "max: cannot reduce dim {} of size 0 (shape {})", d,
+  constexpr std::string_view op = "max";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "{}: cannot reduce dim {} of size 0 (shape {})", op, d,
               x.shape());
   if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
   Shape keep = x.shape();
   keep[d] = 1;
   Tensor values = empty(keep, x.dtype()), indices = empty(keep, kInt64);
-  dispatch_numeric(x.dtype(), "max", [&]<class T>() {
+  dispatch_numeric(x.dtype(), op, [&]<class T>() {
     max_kernel<T>(x, d, values.data<T>(), indices.data<int64_t>());
   });
   if (!keepdim) {
@@ -284,21 +277,23 @@ MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
     values = make_view(values, squeezed, contiguous_strides(squeezed), 0);
     indices = make_view(indices, squeezed, contiguous_strides(squeezed), 0);
   }
-  if (any_requires_grad(x)) connect(std::make_shared<MaxBackward>(d, indices), {x}, values);
+  record<MaxBackward>(op, {&values}, {x}, d, indices);
   return {values, indices};
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  profile::Scope scope("argmax");
-  EMBER_CHECK(x.defined(), "argmax: undefined tensor");
+  constexpr std::string_view op = "argmax";
+  profile::Scope scope(op);
+  check_defined(x, op);
   NoGradGuard no_grad;
   return max(x, dim, keepdim).indices;
 }
 
+namespace {
+
 // y = max(x):  dX = dY / k at each of the k elements equal to y, 0 elsewhere
 struct MaxAllBackward final : Node {
   MaxAllBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
-  std::string_view name() const override { return "MaxBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor mask = eq(x_.get(), y_.get());
     const double ties = sum(mask).item<double>();
@@ -307,12 +302,15 @@ struct MaxAllBackward final : Node {
   SavedTensor x_, y_;
 };
 
+}  // namespace
+
 Tensor max(const Tensor& x) {
-  profile::Scope scope("max");
-  EMBER_CHECK(x.defined(), "max: undefined tensor");
-  EMBER_CHECK(x.numel() > 0, "max: cannot reduce an empty tensor of shape {}", x.shape());
+  constexpr std::string_view op = "max";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.numel() > 0, "{}: cannot reduce an empty tensor of shape {}", op, x.shape());
   Tensor out = empty({}, x.dtype());
-  dispatch_numeric(x.dtype(), "max", [&]<class T>() {
+  dispatch_numeric(x.dtype(), op, [&]<class T>() {
     const Tensor c = x.contiguous();
     const T* p = c.data<T>();
     T best = p[0];
@@ -320,9 +318,7 @@ Tensor max(const Tensor& x) {
       if (greater(p[i], best)) best = p[i];
     *out.data<T>() = best;
   });
-  if (any_requires_grad(x)) connect(std::make_shared<MaxAllBackward>(x, out), {x}, out);
-  return out;
+  return record<MaxAllBackward>(op, out, {x}, x, out);
 }
-
 
 }  // namespace ember

@@ -10,14 +10,11 @@
 #include "graph/copy.h"
 #include "graph/creation.h"
 #include "graph/profile.h"
+#include "ops/common.h"
 
 namespace ember {
 
 namespace {
-
-void check_defined(const Tensor& t, std::string_view op) {
-  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
-}
 
 // Resolves one -1 in `shape` against numel.
 Shape infer_shape(Shape shape, int64_t numel, std::string_view op) {
@@ -72,50 +69,45 @@ std::optional<Shape> view_strides(const Tensor& x, const Shape& shape) {
   return strides;
 }
 
-// Any view whose inverse is a reshape back to the input's shape (view, reshape, flatten,
-// squeeze, unsqueeze):  dX = reshape(dY, x.shape)
+// Any view whose inverse is a reshape back to the input's shape (view, reshape, unsqueeze,
+// squeeze):  dX = reshape(dY, x.shape)
 struct ReshapeBackward final : Node {
-  explicit ReshapeBackward(std::string_view name) : name_(name) {}
-  std::string_view name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {reshape(grads[0], input_shapes[0])};
   }
-  std::string_view name_;
 };
-
-Tensor record_reshape(Tensor out, const Tensor& x, std::string_view name) {
-  if (any_requires_grad(x)) connect(std::make_shared<ReshapeBackward>(name), {x}, out);
-  return out;
-}
 
 }  // namespace
 
 Tensor view(const Tensor& x, Shape shape) {
-  profile::Scope scope("view");
-  check_defined(x, "view");
-  shape = infer_shape(std::move(shape), x.numel(), "view");
+  constexpr std::string_view op = "view";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  shape = infer_shape(std::move(shape), x.numel(), op);
   std::optional<Shape> strides = view_strides(x, shape);
   EMBER_CHECK(strides.has_value(),
-              "view: a tensor of shape {} and strides {} cannot be viewed as {}; use reshape",
+              "{}: a tensor of shape {} and strides {} cannot be viewed as {}; use reshape", op,
               x.shape(), x.strides(), shape);
-  return record_reshape(make_view(x, shape, *strides, x.storage_offset()), x, "ViewBackward");
+  return record<ReshapeBackward>(op, make_view(x, shape, *strides, x.storage_offset()), {x});
 }
 
 Tensor reshape(const Tensor& x, Shape shape) {
-  profile::Scope scope("reshape");
-  check_defined(x, "reshape");
-  shape = infer_shape(std::move(shape), x.numel(), "reshape");
+  constexpr std::string_view op = "reshape";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  shape = infer_shape(std::move(shape), x.numel(), op);
   if (std::optional<Shape> strides = view_strides(x, shape))
-    return record_reshape(make_view(x, shape, *strides, x.storage_offset()), x, "ReshapeBackward");
+    return record<ReshapeBackward>(op, make_view(x, shape, *strides, x.storage_offset()), {x});
   return view(x.clone(), shape);
 }
 
 Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
-  profile::Scope scope("flatten");
-  check_defined(x, "flatten");
+  constexpr std::string_view op = "flatten";
+  profile::Scope scope(op);
+  check_defined(x, op);
   if (x.dim() == 0) return reshape(x, {1});
-  const int64_t s = wrap_dim(start, x.dim(), "flatten"), e = wrap_dim(end, x.dim(), "flatten");
-  EMBER_CHECK(s <= e, "flatten: start dim {} must not come after end dim {}", start, end);
+  const int64_t s = wrap_dim(start, x.dim(), op), e = wrap_dim(end, x.dim(), op);
+  EMBER_CHECK(s <= e, "{}: start dim {} must not come after end dim {}", op, start, end);
   Shape shape(x.shape().begin(), x.shape().begin() + s);
   int64_t n = 1;
   for (int64_t d = s; d <= e; ++d) n *= x.size(d);
@@ -125,102 +117,103 @@ Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t d) {
-  profile::Scope scope("unsqueeze");
-  check_defined(x, "unsqueeze");
-  const int64_t w = wrap_dim(d, x.dim() + 1, "unsqueeze");
-  Shape shape = x.shape(), strides = x.strides();
-  const int64_t stride = w < x.dim() ? x.stride(w) * x.size(w) : 1;
-  shape.insert(shape.begin() + w, 1);
-  strides.insert(strides.begin() + w, stride);
-  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "UnsqueezeBackward");
+  constexpr std::string_view op = "unsqueeze";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  return record<ReshapeBackward>(op, unsqueeze_view(x, wrap_dim(d, x.dim() + 1, op)), {x});
 }
 
 Tensor squeeze(const Tensor& x, int64_t d) {
-  profile::Scope scope("squeeze");
-  check_defined(x, "squeeze");
+  constexpr std::string_view op = "squeeze";
+  profile::Scope scope(op);
+  check_defined(x, op);
   if (x.dim() == 0) return x;
-  const int64_t w = wrap_dim(d, x.dim(), "squeeze");
+  const int64_t w = wrap_dim(d, x.dim(), op);
   if (x.size(w) != 1) return x;
-  Shape shape = x.shape(), strides = x.strides();
-  shape.erase(shape.begin() + w);
-  strides.erase(strides.begin() + w);
-  return record_reshape(make_view(x, shape, strides, x.storage_offset()), x, "SqueezeBackward");
+  return record<ReshapeBackward>(op, select_view(x, w, 0), {x});
 }
+
+namespace {
 
 // y = permute(x, dims):  dX = permute(dY, inverse(dims))  (transpose is its own inverse)
 struct PermuteBackward final : Node {
   explicit PermuteBackward(std::vector<int64_t> inverse) : inverse_(std::move(inverse)) {}
-  std::string_view name() const override { return "PermuteBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {permute(grads[0], inverse_)};
   }
   std::vector<int64_t> inverse_;
 };
 
+}  // namespace
+
 Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
-  profile::Scope scope("permute");
-  check_defined(x, "permute");
+  constexpr std::string_view op = "permute";
+  profile::Scope scope(op);
+  check_defined(x, op);
   EMBER_CHECK(static_cast<int64_t>(dims.size()) == x.dim(),
-              "permute: {} dims given for a tensor of {} dims (shape {})", dims.size(), x.dim(),
+              "{}: {} dims given for a tensor of {} dims (shape {})", op, dims.size(), x.dim(),
               x.shape());
   std::vector<int64_t> inverse(dims.size(), -1);
   Shape shape(dims.size()), strides(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
-    const int64_t d = wrap_dim(dims[i], x.dim(), "permute");
-    EMBER_CHECK(inverse[d] < 0, "permute: dim {} repeats in {}", d, dims);
+    const int64_t d = wrap_dim(dims[i], x.dim(), op);
+    EMBER_CHECK(inverse[d] < 0, "{}: dim {} repeats in {}", op, d, dims);
     inverse[d] = static_cast<int64_t>(i);
     shape[i] = x.size(d);
     strides[i] = x.stride(d);
   }
-  Tensor out = make_view(x, shape, strides, x.storage_offset());
-  if (any_requires_grad(x)) connect(std::make_shared<PermuteBackward>(inverse), {x}, out);
-  return out;
+  return record<PermuteBackward>(op, make_view(x, shape, strides, x.storage_offset()), {x},
+                                 std::move(inverse));
 }
 
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
-  profile::Scope scope("transpose");
-  check_defined(x, "transpose");
+  constexpr std::string_view op = "transpose";
+  profile::Scope scope(op);
+  check_defined(x, op);
   if (x.dim() == 0) return x;
   std::vector<int64_t> dims(x.dim());
   std::iota(dims.begin(), dims.end(), 0);
-  std::swap(dims[wrap_dim(d0, x.dim(), "transpose")], dims[wrap_dim(d1, x.dim(), "transpose")]);
+  std::swap(dims[wrap_dim(d0, x.dim(), op)], dims[wrap_dim(d1, x.dim(), op)]);
   return permute(x, dims);
 }
 
+namespace {
+
 // y = expand(x):  dX = dY, reduced to x's shape by the engine's sum_to
 struct ExpandBackward final : Node {
-  std::string_view name() const override { return "ExpandBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
 };
 
+}  // namespace
+
 Tensor expand(const Tensor& x, Shape shape) {
-  profile::Scope scope("expand");
-  check_defined(x, "expand");
+  constexpr std::string_view op = "expand";
+  profile::Scope scope(op);
+  check_defined(x, op);
   EMBER_CHECK(shape.size() >= static_cast<size_t>(x.dim()),
-              "expand: cannot expand shape {} to fewer dims {}", x.shape(), shape);
+              "{}: cannot expand shape {} to fewer dims {}", op, x.shape(), shape);
   const size_t lead = shape.size() - x.dim();
   Shape strides(shape.size(), 0);
   for (size_t d = 0; d < shape.size(); ++d) {
     if (d < lead) {
-      EMBER_CHECK(shape[d] >= 0, "expand: size -1 not allowed in a new leading dim ({})", shape);
+      EMBER_CHECK(shape[d] >= 0, "{}: size -1 not allowed in a new leading dim ({})", op, shape);
       continue;
     }
     const int64_t have = x.size(d - lead);
     if (shape[d] == -1) shape[d] = have;
     EMBER_CHECK(have == shape[d] || have == 1,
-                "expand: shape {} cannot be expanded to {} (dim {}: {} vs {})", x.shape(), shape, d,
+                "{}: shape {} cannot be expanded to {} (dim {}: {} vs {})", op, x.shape(), shape, d,
                 have, shape[d]);
     strides[d] = have == shape[d] ? x.stride(d - lead) : 0;
   }
-  Tensor out = make_view(x, shape, strides, x.storage_offset());
-  if (any_requires_grad(x)) connect(std::make_shared<ExpandBackward>(), {x}, out);
-  return out;
+  return record<ExpandBackward>(op, make_view(x, shape, strides, x.storage_offset()), {x});
 }
+
+namespace {
 
 // y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
 struct NarrowBackward final : Node {
   NarrowBackward(int64_t dim, int64_t start) : dim_(dim), start_(start) {}
-  std::string_view name() const override { return "NarrowBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
@@ -230,21 +223,19 @@ struct NarrowBackward final : Node {
   int64_t dim_, start_;
 };
 
+}  // namespace
+
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
-  profile::Scope scope("narrow");
-  check_defined(x, "narrow");
-  EMBER_CHECK(x.dim() > 0, "narrow: cannot narrow a 0-d tensor");
-  const int64_t d = wrap_dim(dim, x.dim(), "narrow");
+  constexpr std::string_view op = "narrow";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() > 0, "{}: cannot narrow a 0-d tensor", op);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
   if (start < 0) start += x.size(d);
   EMBER_CHECK(start >= 0 && length >= 0 && start + length <= x.size(d),
-              "narrow: start {} and length {} out of range for dim {} of size {}", start, length, d,
+              "{}: start {} and length {} out of range for dim {} of size {}", op, start, length, d,
               x.size(d));
-  Shape shape = x.shape();
-  shape[d] = length;
-  Tensor out = make_view(x, shape, x.strides(), x.storage_offset() + start * x.stride(d));
-  if (any_requires_grad(x)) connect(std::make_shared<NarrowBackward>(d, start), {x}, out);
-  return out;
+  return record<NarrowBackward>(op, narrow_view(x, d, start, length), {x}, d, start);
 }
-
 
 }  // namespace ember

@@ -1,0 +1,69 @@
+// Helpers shared by the op implementations in ops/*.cpp (internal: included by no public header):
+// the input checks every op starts with, whose messages start with the op's name, the dtype
+// conversions ops make before a kernel, and views made without autograd for kernels and
+// backwards to read or write through.
+#pragma once
+
+#include <string_view>
+
+#include "graph/tensor.h"
+
+namespace ember {
+
+// --- checks
+
+inline void check_defined(const Tensor& t, std::string_view op) {
+  EMBER_CHECK(t.defined(), "{}: undefined tensor", op);
+}
+
+// For ops defined on Float32 and Float64 only.
+inline void check_floating(const Tensor& t, std::string_view op) {
+  check_defined(t, op);
+  EMBER_CHECK(is_floating(t.dtype()),
+              "{}: expected a Float32 or Float64 tensor, got {} of shape {}", op, t.dtype(),
+              t.shape());
+}
+
+// The dtype two floating operands compute in (matmul, losses).
+inline DType floating_type(const Tensor& a, const Tensor& b, std::string_view op) {
+  check_defined(a, op);
+  check_defined(b, op);
+  EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
+              "{}: expected Float32 or Float64 tensors, got {} and {} (shapes {} and {})", op,
+              a.dtype(), b.dtype(), a.shape(), b.shape());
+  return promote(a.dtype(), b.dtype());
+}
+
+// --- dtype conversions: the tensor itself when no conversion is needed
+
+inline Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// Integral inputs of math functions (exp, log, true division, ...) compute in Float32, as torch.
+inline Tensor as_floating(const Tensor& t) { return is_floating(t.dtype()) ? t : t.to(kFloat32); }
+
+// --- views without autograd (dim already wrapped)
+
+// t[..., start:start+length, ...] along dim.
+inline Tensor narrow_view(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  Shape shape = t.shape();
+  shape[dim] = length;
+  return make_view(t, shape, t.strides(), t.storage_offset() + start * t.stride(dim));
+}
+
+// t[..., i, ...] along dim, that dim removed.
+inline Tensor select_view(const Tensor& t, int64_t dim, int64_t i) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return make_view(t, shape, strides, t.storage_offset() + i * t.stride(dim));
+}
+
+// t with a size-1 dim inserted at dim (0 <= dim <= t.dim()).
+inline Tensor unsqueeze_view(const Tensor& t, int64_t dim) {
+  Shape shape = t.shape(), strides = t.strides();
+  strides.insert(strides.begin() + dim, dim < t.dim() ? t.stride(dim) * t.size(dim) : 1);
+  shape.insert(shape.begin() + dim, 1);
+  return make_view(t, shape, strides, t.storage_offset());
+}
+
+}  // namespace ember
