@@ -48,7 +48,7 @@ Tensor full(Shape shape, double value, DType dtype) {
   Tensor out = empty(shape, dtype);
   dispatch_all(dtype, [&]<class T>() {
     T* p = out.data<T>();
-    std::fill(p, p + out.numel(), static_cast<T>(value));
+    std::fill(p, p + out.numel(), cast_value<T>(value));
   });
   return out;
 }
@@ -72,7 +72,7 @@ Tensor arange(double start, double end, double step, DType dtype) {
   Tensor out = empty({n}, dtype);
   dispatch_numeric(dtype, "arange", [&]<class T>() {
     T* p = out.data<T>();
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
+    for (int64_t i = 0; i < n; ++i) p[i] = cast_value<T>(start + static_cast<double>(i) * step);
   });
   return out;
 }

@@ -18,15 +18,48 @@ namespace ember {
 
 namespace {
 
-// What integral (and Bool) inputs compute in: their own dtype (Bool arithmetic in Int64), or
-// Float32 as torch's true division and math functions.
+// What integral (and Bool) inputs compute in: their own dtype, or Float32 as torch's true
+// division and math functions. Bool + Bool and Bool * Bool stay Bool (or, and), as torch.
 enum class Integral { Keep, ToFloat };
 
 // The dtype two operands compute in: torch's promotion, then `integral` for non-floating ones.
 DType arith_type(const Tensor& a, const Tensor& b, Integral integral) {
   const DType t = promote(a.dtype(), b.dtype());
   if (is_floating(t)) return t;
-  return integral == Integral::ToFloat ? kFloat32 : t == kBool ? kInt64 : t;
+  return integral == Integral::ToFloat ? kFloat32 : t;
+}
+
+// Int64 arithmetic wraps around on overflow, as torch's (signed overflow is undefined in C++).
+template <class T>
+T wrapping_add(T x, T y) {
+  if constexpr (std::is_same_v<T, int64_t>)
+    return static_cast<int64_t>(static_cast<uint64_t>(x) + static_cast<uint64_t>(y));
+  else
+    return x + y;
+}
+template <class T>
+T wrapping_sub(T x, T y) {
+  if constexpr (std::is_same_v<T, int64_t>)
+    return static_cast<int64_t>(static_cast<uint64_t>(x) - static_cast<uint64_t>(y));
+  else
+    return x - y;
+}
+template <class T>
+T wrapping_mul(T x, T y) {
+  if constexpr (std::is_same_v<T, int64_t>)
+    return static_cast<int64_t>(static_cast<uint64_t>(x) * static_cast<uint64_t>(y));
+  else if constexpr (std::is_same_v<T, bool>)
+    return x && y;
+  else
+    return x * y;
+}
+
+// torch refuses `-` on Bool tensors: "use ^ or logical_xor" (and logical_not for negation).
+void check_not_bool(const Tensor& a, const Tensor& b, std::string_view op) {
+  EMBER_CHECK(a.dtype() != kBool || b.dtype() != kBool,
+              "{}: subtraction of two Bool tensors (shapes {} and {}) is not supported; use "
+              "logical_xor or logical_and/logical_or instead",
+              op, a.shape(), b.shape());
 }
 
 // Op `op`: out = f(a, b) in arith_type's dtype, broadcasting, recorded as Node N(node_args…).
@@ -38,7 +71,7 @@ Tensor arith(const Tensor& a, const Tensor& b, std::string_view op, Integral int
   check_defined(b, op);
   const DType t = arith_type(a, b, integral);
   const Tensor x = as_type(a, t), y = as_type(b, t);
-  Tensor out = dispatch_numeric(t, op, [&]<class T>() { return zip<T, T, T>(x, y, op, f); });
+  Tensor out = dispatch_all(t, [&]<class T>() { return zip<T, T, T>(x, y, op, f); });
   return record<N>(op, out, {a, b}, std::forward<Args>(node_args)...);
 }
 
@@ -56,7 +89,8 @@ struct AddBackward final : Node {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return arith<AddBackward>(a, b, "add", Integral::Keep, [](auto x, auto y) { return x + y; });
+  return arith<AddBackward>(a, b, "add", Integral::Keep,
+                            []<class T>(T x, T y) { return wrapping_add(x, y); });
 }
 
 namespace {
@@ -71,7 +105,9 @@ struct SubBackward final : Node {
 }  // namespace
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return arith<SubBackward>(a, b, "sub", Integral::Keep, [](auto x, auto y) { return x - y; });
+  if (a.defined() && b.defined()) check_not_bool(a, b, "sub");
+  return arith<SubBackward>(a, b, "sub", Integral::Keep,
+                            []<class T>(T x, T y) { return wrapping_sub(x, y); });
 }
 
 namespace {
@@ -94,7 +130,7 @@ struct MulBackward final : Node {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   return arith<MulBackward>(
-      a, b, "mul", Integral::Keep, [](auto x, auto y) { return x * y; }, a, b);
+      a, b, "mul", Integral::Keep, []<class T>(T x, T y) { return wrapping_mul(x, y); }, a, b);
 }
 
 namespace {
@@ -144,7 +180,7 @@ template <class F>
 Tensor scalar_map(const Tensor& x, double s, std::string_view op, Integral integral, F f) {
   const Tensor in = as_type(x, scalar_type(x, s, integral));
   return dispatch_numeric(in.dtype(), op, [&]<class T>() {
-    const T v = static_cast<T>(s);
+    const T v = cast_value<T>(s);
     return map<T, T>(in, [=](T e) { return f(e, v); });
   });
 }
@@ -171,16 +207,20 @@ Tensor scalar_op(const Tensor& x, double s, std::string_view op, Integral integr
 
 // y = x + s, x - s, s - x, x * s, x / s:  dX = dY * scale, the argument before the function
 Tensor add(const Tensor& a, double b) {
-  return scalar_op(a, b, "add", Integral::Keep, 1.0, [](auto x, auto s) { return x + s; });
+  return scalar_op(a, b, "add", Integral::Keep, 1.0,
+                   []<class T>(T x, T s) { return wrapping_add(x, s); });
 }
 Tensor sub(const Tensor& a, double b) {
-  return scalar_op(a, b, "sub", Integral::Keep, 1.0, [](auto x, auto s) { return x - s; });
+  return scalar_op(a, b, "sub", Integral::Keep, 1.0,
+                   []<class T>(T x, T s) { return wrapping_sub(x, s); });
 }
 Tensor rsub(const Tensor& a, double b) {
-  return scalar_op(a, b, "rsub", Integral::Keep, -1.0, [](auto x, auto s) { return s - x; });
+  return scalar_op(a, b, "rsub", Integral::Keep, -1.0,
+                   []<class T>(T x, T s) { return wrapping_sub(s, x); });
 }
 Tensor mul(const Tensor& a, double b) {
-  return scalar_op(a, b, "mul", Integral::Keep, b, [](auto x, auto s) { return x * s; });
+  return scalar_op(a, b, "mul", Integral::Keep, b,
+                   []<class T>(T x, T s) { return wrapping_mul(x, s); });
 }
 Tensor div(const Tensor& a, double b) {
   return scalar_op(a, b, "div", Integral::ToFloat, 1.0 / b, [](auto x, auto s) { return x / s; });
@@ -219,8 +259,12 @@ Tensor neg(const Tensor& x) {
   constexpr std::string_view op = "neg";
   profile::Scope scope(op);
   check_defined(x, op);
-  Tensor out = dispatch_numeric(x.dtype(), op,
-                                [&]<class T>() { return map<T, T>(x, [](T v) { return -v; }); });
+  EMBER_CHECK(x.dtype() != kBool,
+              "neg: negation of a Bool tensor (shape {}) is not supported; use logical_not",
+              x.shape());
+  Tensor out = dispatch_numeric(x.dtype(), op, [&]<class T>() {
+    return map<T, T>(x, [](T v) { return wrapping_sub(T(0), v); });
+  });
   return record<ScaleBackward>(op, out, {x}, -1.0);
 }
 
@@ -491,7 +535,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_mask(x, mask, op);
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_all(x.dtype(), [&]<class T>() {
-    const T v = static_cast<T>(value);
+    const T v = cast_value<T>(value);
     binary_into<T, bool, T>(x, mask, out, [=](T e, bool m) { return m ? v : e; });
   });
   return record<MaskedFillBackward>(op, out, {x}, mask);
@@ -509,19 +553,42 @@ void check_inplace(const Tensor& self, std::string_view op) {
               op, self.is_leaf() ? "leaf" : "non-leaf", self.shape());
 }
 
+// Note [In-place overlap] in graph/tensor.h: the written tensor may not be an expanded view.
+void check_no_internal_overlap(const Tensor& self, std::string_view op) {
+  EMBER_CHECK(!has_internal_overlap(self),
+              "{}: the tensor of shape {} and strides {} is written in place, but several of its "
+              "elements share one memory location (an expanded view); clone() it first",
+              op, self.shape(), self.strides());
+}
+
 void check_inplace_operand(const Tensor& self, const Tensor& other, std::string_view op) {
   check_defined(other, op);
   EMBER_CHECK(broadcast_shapes(self.shape(), other.shape(), op) == self.shape(),
               "{}: operand of shape {} does not broadcast to the tensor's shape {}", op,
               other.shape(), self.shape());
+  EMBER_CHECK(!partially_overlaps(self, other),
+              "{}: the operand (shape {}, strides {}) and the written tensor (shape {}, strides "
+              "{}) share some memory locations; clone() the operand first",
+              op, other.shape(), other.strides(), self.shape(), self.strides());
+}
+
+// torch's can_cast: the op's result type must fit the written tensor's dtype (no floating into
+// Int64 or Bool, no Int64 into Bool).
+void check_result_fits(const Tensor& self, DType result, std::string_view op) {
+  const auto category = [](DType t) { return is_floating(t) ? 2 : t == kInt64 ? 1 : 0; };
+  EMBER_CHECK(category(result) <= category(self.dtype()),
+              "{}: the result type {} cannot be cast to the tensor's dtype {} in place", op, result,
+              self.dtype());
 }
 
 template <class F>
 Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, F f) {
   check_inplace(self, op);
+  check_no_internal_overlap(self, op);
   check_inplace_operand(self, other, op);
+  check_result_fits(self, arith_type(self, other, Integral::Keep), op);
   const Tensor y = as_type(other, self.dtype());
-  dispatch_numeric(self.dtype(), op, [&]<class T>() { binary_into<T, T, T>(self, y, self, f); });
+  dispatch_all(self.dtype(), [&]<class T>() { binary_into<T, T, T>(self, y, self, f); });
   self.impl()->storage->bump_version();
   return self;
 }
@@ -529,16 +596,26 @@ Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, F
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other) {
-  return inplace_binary(*this, other, "add_", [](auto a, auto b) { return a + b; });
+  return inplace_binary(*this, other, "add_", []<class T>(T a, T b) { return wrapping_add(a, b); });
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  return inplace_binary(*this, other, "mul_", [](auto a, auto b) { return a * b; });
+  return inplace_binary(*this, other, "mul_", []<class T>(T a, T b) { return wrapping_mul(a, b); });
 }
-Tensor& Tensor::add_(double value) { return add_(scalar_tensor(value, dtype())); }
-Tensor& Tensor::mul_(double value) { return mul_(scalar_tensor(value, dtype())); }
+// The scalar has the dtype `self op value` has (a whole value is integral: Note in scalar_type).
+Tensor& Tensor::add_(double value) {
+  check_defined(*this, "add_");
+  return add_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep)));
+}
+Tensor& Tensor::mul_(double value) {
+  check_defined(*this, "mul_");
+  return mul_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep)));
+}
 namespace {
+// copy_ converts to the tensor's dtype, as torch's; zero_ and fill_ write one value into every
+// element, so an expanded view may take them.
 Tensor& inplace_copy(Tensor& self, const Tensor& src, std::string_view op) {
   check_inplace(self, op);
+  if (op == "copy_") check_no_internal_overlap(self, op);
   check_inplace_operand(self, src, op);
   copy_into(self, src);
   self.impl()->storage->bump_version();
@@ -555,9 +632,10 @@ Tensor& Tensor::copy_(const Tensor& src) { return inplace_copy(*this, src, "copy
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
   constexpr std::string_view op = "masked_fill_";
   check_inplace(*this, op);
+  check_no_internal_overlap(*this, op);
   check_mask(*this, mask, op);
   dispatch_all(dtype(), [&]<class T>() {
-    const T v = static_cast<T>(value);
+    const T v = cast_value<T>(value);
     binary_into<T, bool, T>(*this, mask, *this, [=](T e, bool m) { return m ? v : e; });
   });
   impl()->storage->bump_version();

@@ -72,6 +72,56 @@ BOOST_AUTO_TEST_CASE(set_grad_checks_the_dtype) {
   expect_error([&] { w.set_grad(ones({2}, kInt64)); }, {"set_grad", "Int64", "Float32"});
 }
 
+BOOST_AUTO_TEST_CASE(in_place_writes_that_torch_refuses_are_errors) {
+  // Internal overlap: several elements of the written tensor are one memory location.
+  expect_error([] { zeros({1}).expand({5}).add_(1.0); }, {"add_", "expanded", "clone"});
+  expect_error([] { zeros({1}).expand({5}).mul_(ones({5})); }, {"mul_", "expanded"});
+  expect_error([] { zeros({1}).expand({5}).copy_(ones({5})); }, {"copy_", "expanded"});
+  expect_error([] { zeros({1}).expand({3}).masked_fill_(ones({3}, kBool), 1); },
+               {"masked_fill_", "expanded"});
+  // fill_ and zero_ write one value everywhere: allowed on an expanded view, as torch.
+  Tensor base = zeros({1});
+  base.expand({4}).fill_(3.0);
+  BOOST_TEST(base.item<float>() == 3.0f);
+  // Partial overlap: the operand reads what the write has already changed.
+  Tensor a = arange(0, 9).reshape({3, 3});
+  expect_error([&] { a.add_(a.transpose(0, 1)); }, {"add_", "share some memory", "clone"});
+  expect_error([&] { a.mul_(a.transpose(0, 1)); }, {"mul_", "share some memory"});
+  expect_error([&] { a.copy_(a.transpose(0, 1)); }, {"copy_", "share some memory"});
+  Tensor v = arange(0, 6);
+  expect_error([&] { v.narrow(0, 1, 5).copy_(v.narrow(0, 0, 5)); }, {"copy_", "share some"});
+  // The same view is fine: each element reads itself first (a.add_(a) doubles).
+  a.add_(a);
+  BOOST_TEST(a.sum().item<double>() == 72.0);
+  a.add_(a.transpose(0, 1).clone());
+  // The result type must fit: torch's "result type Float can't be cast to Long".
+  Tensor i = tensor({1, 2, 3}, kInt64);
+  expect_error([&] { i.add_(0.5); }, {"add_", "Float32", "Int64"});
+  expect_error([&] { i.mul_(0.5); }, {"mul_", "Float32", "Int64"});
+  expect_error([&] { i.add_(ones({3})); }, {"add_", "Float32", "Int64"});
+  expect_error([&] { ones({3}, kBool).add_(1.0); }, {"add_", "Int64", "Bool"});
+  i.add_(2.0);  // a whole value is an integral scalar
+  BOOST_TEST((i.to_vector<int64_t>() == std::vector<int64_t>{3, 4, 5}));
+  ones({3}).copy_(i);  // copy_ converts, as torch's
+}
+
+BOOST_AUTO_TEST_CASE(bool_and_int64_arithmetic_as_torch) {
+  const Tensor t = tensor({1, 1, 0, 0}, kBool), f = tensor({1, 0, 1, 0}, kBool);
+  BOOST_TEST(((t + f).dtype() == kBool));
+  BOOST_TEST(((t + f).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1, 0}));
+  BOOST_TEST(((t * f).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 0}));
+  expect_error([&] { (void)(t - f); }, {"sub", "Bool", "logical_xor"});
+  expect_error([&] { (void)(-t); }, {"neg", "Bool", "logical_not"});
+  BOOST_TEST(((t + 1.0).dtype() == kInt64));
+  // Int64 overflow wraps around, as torch (no undefined behaviour under UBSan).
+  const Tensor big = tensor({9.2e18}, kInt64);
+  BOOST_TEST(((big + big).item<int64_t>() ==
+              static_cast<int64_t>(uint64_t(2) * uint64_t(9200000000000000000ull))));
+  const Tensor lowest = from_vector(std::vector<int64_t>{INT64_MIN}, {1});
+  BOOST_TEST((-lowest).item<int64_t>() == INT64_MIN);
+  BOOST_TEST(((lowest * 2.0).item<int64_t>() == 0));
+}
+
 BOOST_AUTO_TEST_CASE(rng_state_round_trips_and_rejects_other_tensors) {
   manual_seed(11);
   (void)rand({5});
