@@ -67,6 +67,13 @@ class Golden {
     return from_vector(data, shape, dtype == "bool" ? kBool : kFloat64);
   }
   bool contains(const std::string& name) const { return json_.contains(name); }
+  // The names that start with prefix, without it.
+  std::vector<std::string> names_with_prefix(const std::string& prefix) const {
+    std::vector<std::string> out;
+    for (const auto& [name, value] : json_.items())
+      if (name.starts_with(prefix)) out.push_back(name.substr(prefix.size()));
+    return out;
+  }
 
  private:
   nlohmann::json json_;
