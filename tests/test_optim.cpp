@@ -1,5 +1,5 @@
 // Optimizers against torch.optim trajectories (golden/optim.json, Float64), parameter groups,
-// state dicts (torch's names and values, resuming, every mismatch), schedules, clipping, and the
+// state dicts (torch's names and values, resuming, every mismatch), clipping, and the
 // optimizer's bookkeeping: skipped parameters, zero_grad, versions, bad options.
 #include <cmath>
 #include <functional>
@@ -442,39 +442,7 @@ BOOST_AUTO_TEST_CASE(custom_optimizer_gets_the_base_state_dict) {
   BOOST_TEST(opt.lr() == 0.1);
   expect_error([&] { opt.load_state_dict({}); }, {"Plain::load_state_dict", "missing"});
   expect_error([&] { opt.momentum(0); }, {"Plain", "no momentum"});
-}
-
-BOOST_AUTO_TEST_CASE(noam_rate) {
-  // The Annotated Transformer: rate(step) = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5)
-  const auto expected = [](double step, double d, double factor, double warmup) {
-    return factor * std::pow(d, -0.5) *
-           std::min(std::pow(step, -0.5), step * std::pow(warmup, -1.5));
-  };
-  BOOST_TEST(optim::rate(0, 512, 1.0, 4000) == optim::rate(1, 512, 1.0, 4000));
-  BOOST_TEST(optim::rate(1, 512, 1.0, 4000) == expected(1, 512, 1.0, 4000));
-  BOOST_TEST(optim::rate(100, 512, 2.0, 400) == expected(100, 512, 2.0, 400));
-  BOOST_TEST(optim::rate(4000, 512, 1.0, 4000) == expected(4000, 512, 1.0, 4000));
-  // rises linearly during warmup, peaks at step == warmup, then decays as step^-0.5
-  BOOST_TEST(optim::rate(200, 512, 1, 400) < optim::rate(400, 512, 1, 400));
-  BOOST_TEST(optim::rate(800, 512, 1, 400) < optim::rate(400, 512, 1, 400));
-  BOOST_TEST(optim::rate(800, 512, 1, 400) == std::pow(512, -0.5) * std::pow(800, -0.5),
-             boost::test_tools::tolerance(1e-12));
-  expect_error([] { optim::rate(1, 512, 1, 0); }, {"rate", "warmup", "0"});
-  expect_error([] { optim::rate(-1, 512, 1, 10); }, {"rate", "step", "-1"});
-}
-
-BOOST_AUTO_TEST_CASE(lambda_lr_as_pytorch) {
-  Tensor w = ones({2}).requires_grad_();
-  SGD opt({w}, {.lr = 2.0});
-  optim::LambdaLR scheduler(opt, [](int64_t k) { return optim::rate(k, 16, 1.0, 3); });
-  BOOST_TEST(scheduler.base_lr() == 2.0);
-  BOOST_TEST(opt.lr() == 2.0 * optim::rate(0, 16, 1.0, 3));  // f(0) applied at construction
-  for (int64_t k = 1; k <= 6; ++k) {
-    scheduler.step();
-    BOOST_TEST(scheduler.last_epoch() == k);
-    BOOST_TEST(opt.lr() == 2.0 * optim::rate(k, 16, 1.0, 3));
-    BOOST_TEST(scheduler.get_last_lr() == opt.lr());
-  }
+  expect_error([&] { optim::OneCycleLR(opt, 0.1, 10); }, {"Plain", "no momentum"});
 }
 
 BOOST_AUTO_TEST_CASE(clip_grad_norm_matches_pytorch) {
