@@ -20,4 +20,5 @@
 #include "ops/reduce.h"
 #include "ops/shape.h"
 #include "optim/optim.h"
+#include "train/checkpoint.h"
 #include "viz/viz.h"

@@ -72,6 +72,13 @@ class Golden {
     BOOST_TEST_REQUIRE(json_.contains(name), "golden value " << name << " missing");
     return json_.at(name).at("text").get<std::string>();
   }
+  // The names that start with prefix, without it.
+  std::vector<std::string> names_with_prefix(const std::string& prefix) const {
+    std::vector<std::string> out;
+    for (const auto& [name, value] : json_.items())
+      if (name.starts_with(prefix)) out.push_back(name.substr(prefix.size()));
+    return out;
+  }
 
  private:
   nlohmann::json json_;
