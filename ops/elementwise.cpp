@@ -371,6 +371,51 @@ Tensor sigmoid(const Tensor& x) {
       [](auto g, auto y) { return g * y * (1 - y); });
 }
 
+// torch's gelu. "none": y = x Φ(x) = x (1 + erf(x / √2)) / 2,  dX = dY (Φ(x) + x φ(x)).
+// "tanh": y = x (1 + tanh(u)) / 2 with u = √(2/π) (x + 0.044715 x³),
+//         dX = dY ((1 + t) / 2 + x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²) / 2),  t = tanh(u).
+Tensor gelu(const Tensor& x, std::string_view approximate) {
+  EMBER_CHECK(approximate == "none" || approximate == "tanh",
+              "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  if (approximate == "tanh") {
+    return unary_math(
+        x, "gelu", Saves::Input,
+        [](auto v) {
+          using T = decltype(v);
+          const T u = T(0.7978845608028654) * (v + T(0.044715) * v * v * v);
+          return T(0.5) * v * (T(1) + std::tanh(u));
+        },
+        [](auto g, auto v) {
+          using T = decltype(v);
+          const T t = std::tanh(T(0.7978845608028654) * (v + T(0.044715) * v * v * v));
+          const T du = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * v * v);
+          return g * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+        });
+  }
+  return unary_math(
+      x, "gelu", Saves::Input,
+      [](auto v) {
+        using T = decltype(v);
+        return T(0.5) * v * (T(1) + std::erf(v * T(0.7071067811865476)));
+      },
+      [](auto g, auto v) {
+        using T = decltype(v);
+        const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.7071067811865476)));
+        const T pdf = std::exp(T(-0.5) * v * v) * T(0.3989422804014327);
+        return g * (cdf + v * pdf);
+      });
+}
+
+// y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))
+Tensor silu(const Tensor& x) {
+  return unary_math(
+      x, "silu", Saves::Input, [](auto v) { return v / (1 + std::exp(-v)); },
+      [](auto g, auto v) {
+        const auto s = 1 / (1 + std::exp(-v));
+        return g * s * (1 + v * (1 - s));
+      });
+}
+
 // y = max(x, 0):  dX = dY where y > 0
 Tensor relu(const Tensor& x) {
   return unary_math<Integral::Keep>(

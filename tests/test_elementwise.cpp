@@ -33,14 +33,17 @@ const OpTable kElementwiseOps = {
     {"rsub", "1.0 - a", {{3, 4}}, {}, [](auto& v) { return 1.0 - v[0]; }},
     {"mul scalar", "3.0 * a", {{3, 4}}, {}, [](auto& v) { return 3.0 * v[0]; }},
     // div(Tensor, double) and rdiv read the dtype of an undefined input before checking it.
-    {"div scalar", "a / 4.0", {{3, 4}}, {}, [](auto& v) { return v[0] / 4.0; }, kBugUndefined},
-    {"rdiv", "2.0 / a", {{3, 4}}, {Positive}, [](auto& v) { return 2.0 / v[0]; }, kBugUndefined},
+    {"div scalar", "a / 4.0", {{3, 4}}, {}, [](auto& v) { return v[0] / 4.0; }},
+    {"rdiv", "2.0 / a", {{3, 4}}, {Positive}, [](auto& v) { return 2.0 / v[0]; }},
     {"neg", "-a", {{3, 4}}, {}, [](auto& v) { return -v[0]; }},
     // unary
     {"pow 0.8", "torch.pow(a, 0.8)", {{3, 4}}, {Positive}, [](auto& v) { return pow(v[0], 0.8); }},
     {"pow 2", "torch.pow(a, 2)", {{3, 4}}, {}, [](auto& v) { return pow(v[0], 2); }},
     {"pow -1.5", "a.pow(-1.5)", {{2, 3}}, {Positive}, [](auto& v) { return v[0].pow(-1.5); }},
     {"exp", "torch.exp(a)", {{3, 4}}, {}, [](auto& v) { return exp(v[0]); }},
+    {"gelu", "F.gelu(a)", {{3, 4}}, {}, [](auto& v) { return gelu(v[0]); }},
+    {"gelu tanh", "F.gelu(a, approximate='tanh')", {{3, 4}}, {}, [](auto& v) { return v[0].gelu("tanh"); }},
+    {"silu", "F.silu(a)", {{3, 4}}, {}, [](auto& v) { return silu(v[0]); }},
     {"log", "torch.log(a)", {{3, 4}}, {Positive}, [](auto& v) { return log(v[0]); }},
     {"sqrt", "torch.sqrt(a)", {{3, 4}}, {Positive}, [](auto& v) { return sqrt(v[0]); }},
     {"sin", "torch.sin(a)", {{3, 4}}, {}, [](auto& v) { return sin(v[0]); }},
@@ -125,6 +128,7 @@ BOOST_AUTO_TEST_CASE(in_place) {
 }
 
 BOOST_AUTO_TEST_CASE(errors) {
+  expect_error([] { gelu(ones({2}), "fast"); }, {"gelu", "approximate", "fast"});
   expect_error([] { add(ones({2, 3}), ones({4, 5})); }, {"add", "[2, 3]", "[4, 5]"});
   expect_error([] { mul(ones({2}), ones({3})); }, {"mul", "[2]", "[3]"});
   expect_error([] { where(ones({2}), ones({2}), ones({2})); }, {"where", "Bool"});
