@@ -15,14 +15,13 @@ namespace ember {
 
 namespace {
 thread_local bool t_grad_enabled = true;
-std::atomic<bool> g_anomaly{false};
 std::atomic<int64_t> g_live_nodes{0};
 }  // namespace
 
 bool is_grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
-void set_detect_anomaly(bool on) { g_anomaly = on; }
-bool is_anomaly_enabled() { return g_anomaly; }
+std::atomic<bool> detail::g_anomaly{false};
+void set_detect_anomaly(bool on) { detail::g_anomaly = on; }
 int64_t live_nodes() { return g_live_nodes.load(); }
 
 Node::Node() { ++g_live_nodes; }
@@ -173,6 +172,21 @@ void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> in
 void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
              std::initializer_list<Tensor*> outputs) {
   link(node, inputs.data(), inputs.data() + inputs.size(), outputs);
+}
+
+void check_forward_finite(std::string_view op, const Tensor& out) {
+  if (!out.defined() || !is_floating(out.dtype())) return;
+  const Tensor c = out.contiguous();
+  int64_t bad = -1;
+  dispatch_float(c.dtype(), op, [&]<class T>() {
+    const T* p = c.data<T>();
+    for (int64_t i = 0; i < c.numel() && bad < 0; ++i)
+      if (!std::isfinite(p[i])) bad = i;
+  });
+  EMBER_CHECK(bad < 0,
+              "{}: produced a NaN/Inf in its output of shape {} (element {}) while anomaly "
+              "detection is on",
+              op, out.shape(), bad);
 }
 
 // "log_softmax" -> "LogSoftmaxBackward".

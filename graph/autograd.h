@@ -11,6 +11,7 @@
 // if it changed before backward reads it, the engine throws naming the Node.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -38,9 +39,13 @@ class NoGradGuard {
   bool prev_;
 };
 
-// Backward checks each gradient a Node produces and names the Node that made a NaN/Inf.
+// Anomaly mode: every op's output and every gradient a Node produces is checked, and the op or
+// Node that made the first NaN/Inf is named in an ember::Error.
 void set_detect_anomaly(bool on);
-bool is_anomaly_enabled();
+namespace detail {
+extern std::atomic<bool> g_anomaly;
+}  // namespace detail
+inline bool is_anomaly_enabled() { return detail::g_anomaly.load(std::memory_order_relaxed); }
 
 // A tensor kept for backward as data only, with the storage version it was saved at.
 class SavedTensor {
@@ -124,9 +129,15 @@ bool any_requires_grad(std::initializer_list<Tensor> ts);
 // requires grad, makes the Node N(args…), links it to the inputs (undefined ones get no edge)
 // and makes it the grad_fn of `out`. Returns out. Nodes are made only when needed, so an op
 // pays nothing for autograd under NoGradGuard or on constants.
+// Anomaly mode's forward check: throws naming `op` when the floating tensor `out` holds a NaN
+// or an Inf. record() calls it on every output while set_detect_anomaly(true).
+void check_forward_finite(std::string_view op, const Tensor& out);
+
 template <class N, class... Args>
 Tensor record(std::string_view op, Tensor out, std::initializer_list<Tensor> inputs,
               Args&&... args) {
+  if (is_anomaly_enabled()) [[unlikely]]
+    check_forward_finite(op, out);
   if (any_requires_grad(inputs))
     connect(make_node<N>(op, std::forward<Args>(args)...), inputs, out);
   return out;
@@ -143,6 +154,8 @@ Tensor record(std::string_view op, Tensor out, const std::vector<Tensor>& inputs
 template <class N, class... Args>
 void record(std::string_view op, std::initializer_list<Tensor*> outputs,
             std::initializer_list<Tensor> inputs, Args&&... args) {
+  if (is_anomaly_enabled()) [[unlikely]]
+    for (Tensor* out : outputs) check_forward_finite(op, *out);
   if (any_requires_grad(inputs))
     connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
 }

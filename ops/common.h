@@ -34,6 +34,16 @@ inline DType floating_type(const Tensor& a, const Tensor& b, std::string_view op
   return promote(a.dtype(), b.dtype());
 }
 
+// The dtype of a product's operands (matmul, bmm, linear): both floating and the same, as torch
+// ("expected m1 and m2 to have the same dtype"), never a silent promotion.
+inline DType same_floating_type(const Tensor& a, const Tensor& b, std::string_view op) {
+  const DType t = floating_type(a, b, op);
+  EMBER_CHECK(a.dtype() == b.dtype(),
+              "{}: operands of shapes {} and {} have dtypes {} and {}; convert one with to()", op,
+              a.shape(), b.shape(), a.dtype(), b.dtype());
+  return t;
+}
+
 // --- dtype conversions: the tensor itself when no conversion is needed
 
 inline Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }

@@ -351,7 +351,7 @@ struct MatmulBackward final : Node {
 Tensor matmul(const Tensor& a, const Tensor& b) {
   constexpr std::string_view op = "matmul";
   profile::Scope scope(op);
-  const DType dtype = floating_type(a, b, op);
+  const DType dtype = same_floating_type(a, b, op);
   EMBER_CHECK(a.dim() >= 1 && b.dim() >= 1,
               "{}: both arguments need at least 1 dim, got shapes {} and {}", op, a.shape(),
               b.shape());
@@ -392,7 +392,7 @@ struct BmmBackward final : Node {
 Tensor bmm(const Tensor& a, const Tensor& b) {
   constexpr std::string_view op = "bmm";
   profile::Scope scope(op);
-  const DType dtype = floating_type(a, b, op);
+  const DType dtype = same_floating_type(a, b, op);
   EMBER_CHECK(a.dim() == 3 && b.dim() == 3, "{}: expected 3-D tensors, got shapes {} and {}", op,
               a.shape(), b.shape());
   EMBER_CHECK(a.size(0) == b.size(0), "{}: batch sizes of shapes {} and {} differ ({} != {})", op,
@@ -441,7 +441,7 @@ struct LinearBackward final : Node {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr std::string_view op = "linear";
   profile::Scope scope(op);
-  DType dtype = floating_type(x, weight, op);
+  DType dtype = same_floating_type(x, weight, op);
   EMBER_CHECK(x.dim() >= 1, "{}: input must have at least 1 dim, got shape {}", op, x.shape());
   EMBER_CHECK(weight.dim() == 2, "{}: weight must be 2-D (out, in), got shape {}", op,
               weight.shape());
@@ -454,7 +454,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
                 "{}: bias of shape {} does not match the {} output features of weight of shape {}",
                 op, bias.shape(), weight.size(0), weight.shape());
-    dtype = promote(dtype, bias.dtype());
+    EMBER_CHECK(bias.dtype() == dtype,
+                "{}: a {} bias for {} input and weight; convert it with to()", op, bias.dtype(),
+                dtype);
   }
   const Tensor in = as_type(x, dtype), w = as_type(weight, dtype);
   const Tensor b = bias.defined() ? as_type(bias, dtype) : Tensor();

@@ -99,6 +99,12 @@ BOOST_AUTO_TEST_CASE(anomaly_mode) {
   x.set_grad({});
   x.sqrt().sum().backward();  // without anomaly mode the Inf just flows
   BOOST_TEST(std::isinf(x.grad().to_vector<double>()[0]));
+  // The forward is checked too: the op that made the first NaN is named.
+  set_detect_anomaly(true);
+  const Tensor w = tensor({-1, 2}, kFloat64).requires_grad_();
+  expect_error([&] { (void)(w * 2.0).log(); }, {"log", "NaN/Inf", "[2]", "element 0"});
+  set_detect_anomaly(false);
+  BOOST_TEST(std::isnan((w * 2.0).log().to_vector<double>()[0]));
 }
 
 BOOST_AUTO_TEST_CASE(graph_is_freed) {
