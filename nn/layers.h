@@ -2,6 +2,9 @@
 // parameters as PyTorch does; forward is one call of the functional op.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "nn/module.h"
 
 namespace ember::nn {
@@ -23,10 +26,13 @@ class Linear : public Cloneable<Linear> {
 // Rows of weight (num_embeddings, embedding_dim) ~ N(0, 1) picked by Int64 indices.
 class Embedding : public Cloneable<Embedding> {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  // padding_idx (negative counts from the end): that row starts at zero and gets no gradient.
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& indices) const;
 
   int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;  // wrapped to [0, num_embeddings)
   Tensor weight;
 
  private:
@@ -35,10 +41,12 @@ class Embedding : public Cloneable<Embedding> {
 };
 
 // torch.nn.LayerNorm over the last dim: (x - mean) / sqrt(biased var + eps) * weight + bias,
-// weight ones and bias zeros of shape (features).
+// weight ones and bias zeros of shape (features); without elementwise_affine neither, without
+// bias no bias (both then undefined).
 class LayerNorm : public Cloneable<LayerNorm> {
  public:
-  explicit LayerNorm(int64_t features, double eps = 1e-5);
+  explicit LayerNorm(int64_t features, double eps = 1e-5, bool elementwise_affine = true,
+                     bool bias = true);
   Tensor forward(const Tensor& x) const;
 
   int64_t features;
@@ -61,6 +69,49 @@ class Dropout : public Cloneable<Dropout> {
  private:
   friend Cloneable;  // the only copier; see Note [Modules are not copyable]
   Dropout(const Dropout&) = default;
+};
+
+// Activations as modules, for Sequential: torch.nn.ReLU, GELU(approximate), SiLU, Tanh.
+class ReLU : public Cloneable<ReLU> {
+ public:
+  ReLU() = default;
+  Tensor forward(const Tensor& x) const { return relu(x); }
+
+ private:
+  friend Cloneable;
+  ReLU(const ReLU&) = default;
+};
+
+class GELU : public Cloneable<GELU> {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) const { return gelu(x, approximate); }
+
+  std::string approximate;
+
+ private:
+  friend Cloneable;
+  GELU(const GELU&) = default;
+};
+
+class SiLU : public Cloneable<SiLU> {
+ public:
+  SiLU() = default;
+  Tensor forward(const Tensor& x) const { return silu(x); }
+
+ private:
+  friend Cloneable;
+  SiLU(const SiLU&) = default;
+};
+
+class Tanh : public Cloneable<Tanh> {
+ public:
+  Tanh() = default;
+  Tensor forward(const Tensor& x) const { return tanh(x); }
+
+ private:
+  friend Cloneable;
+  Tanh(const Tanh&) = default;
 };
 
 }  // namespace ember::nn

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <omp.h>
 
@@ -561,9 +562,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 
 namespace {
 
-// out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up)
+// out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up),
+// except the padding row, which gets no gradient (torch's padding_idx)
 struct EmbeddingBackward final : Node {
-  explicit EmbeddingBackward(const Tensor& indices) { save(indices_, indices); }
+  EmbeddingBackward(const Tensor& indices, int64_t padding_idx) : padding_idx_(padding_idx) {
+    save(indices_, indices);
+  }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = grads[0].contiguous();
     const Shape& wshape = input_shapes[0];
@@ -574,6 +578,7 @@ struct EmbeddingBackward final : Node {
       T* pw = grad_w.data<T>();
       const int64_t dim = wshape[1], count = indices_.get().numel();
       for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
+        if (idx[k] == padding_idx_) continue;
         T* row = pw + idx[k] * dim;
         const T* src = pg + k * dim;
         for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
@@ -582,11 +587,12 @@ struct EmbeddingBackward final : Node {
     return {grad_w};
   }
   SavedTensor indices_;
+  int64_t padding_idx_;  // -1: none
 };
 
 }  // namespace
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx) {
   constexpr std::string_view op = "embedding";
   profile::Scope scope(op);
   check_defined(weight, op);
@@ -599,6 +605,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
               indices.dtype(), indices.shape());
   const Tensor idx = indices.contiguous();
   const int64_t rows = weight.size(0), dim = weight.size(1), count = idx.numel();
+  if (padding_idx) {
+    EMBER_CHECK(*padding_idx >= -rows && *padding_idx < rows,
+                "{}: padding_idx {} out of range for {} rows", op, *padding_idx, rows);
+    if (*padding_idx < 0) *padding_idx += rows;
+  }
   const int64_t* pi = idx.data<int64_t>();
   for (int64_t k = 0; k < count; ++k)
     EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "{}: index {} out of range for {} rows", op, pi[k],
@@ -625,7 +636,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
         },
         row_grain(dim));
   });
-  return record<EmbeddingBackward>(op, out, {weight}, idx);
+  return record<EmbeddingBackward>(op, out, {weight}, idx, padding_idx.value_or(-1));
 }
 
 }  // namespace ember

@@ -473,4 +473,30 @@ BOOST_AUTO_TEST_CASE(readme_example_train_save_load) {
   expect_close(restored(x), (*model)(x), 0, 0);
 }
 
+BOOST_AUTO_TEST_CASE(embedding_padding_idx_layer_norm_flags_and_activation_modules) {
+  manual_seed(4);
+  nn::Embedding emb(5, 3, /*padding_idx=*/-1);  // the last row, as torch wraps it
+  BOOST_TEST(*emb.padding_idx == 4);
+  BOOST_TEST(emb.weight.narrow(0, 4, 1).abs().sum().item<double>() == 0.0);
+  emb.forward(from_vector(std::vector<int64_t>{4, 1, 4, 0}, {4})).pow(2).sum().backward();
+  const Tensor g = emb.weight.grad();
+  BOOST_TEST(g.narrow(0, 4, 1).abs().sum().item<double>() == 0.0);  // no gradient for padding
+  BOOST_TEST(g.narrow(0, 1, 1).abs().sum().item<double>() > 0.0);
+  expect_error([] { nn::Embedding(5, 3, 5); }, {"Embedding", "padding_idx", "5"});
+
+  nn::LayerNorm no_bias(4, 1e-5, true, false), plain(4, 1e-5, false);
+  BOOST_TEST(no_bias.named_parameters().size() == 1);
+  BOOST_TEST(no_bias.named_parameters()[0].first == "weight");
+  BOOST_TEST(plain.named_parameters().empty());
+  const Tensor x = randn({2, 4});
+  expect_close(plain.forward(x), layer_norm(x, {4}), 0, 0, "no affine");
+
+  nn::Sequential net(std::make_shared<nn::Linear>(4, 8), std::make_shared<nn::GELU>("tanh"),
+                     std::make_shared<nn::SiLU>(), std::make_shared<nn::Tanh>(),
+                     std::make_shared<nn::ReLU>());
+  const auto fc = std::dynamic_pointer_cast<nn::Linear>(net[0]);
+  expect_close(net.forward(x), relu(tanh(silu(gelu(fc->forward(x), "tanh")))), 0, 0, "sequential");
+  expect_error([] { nn::GELU("fast"); }, {"GELU", "approximate"});
+}
+
 BOOST_AUTO_TEST_SUITE_END()
