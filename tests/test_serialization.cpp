@@ -1,7 +1,10 @@
 // safetensors checkpoints: bit-exact round trips, the file layout checked by an independent
 // parser, Python interop (golden/interop.safetensors written by gen_safetensors.py), strict and
-// non-strict loading, every corrupt-file case, and a seeded fuzz of byte mutations.
+// non-strict loading, every corrupt-file case, hostile headers and files (issues 19 and 21),
+// and a seeded fuzz of byte mutations.
 #include <unistd.h>
+
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -365,6 +368,169 @@ BOOST_AUTO_TEST_CASE(corrupt_files_are_errors_and_change_nothing) {
             file_bytes(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"));
   expect_error([&] { nn::read_safetensors(tmp / "bool.safetensors"); },
                {"read_safetensors", "'m'", "BOOL byte 2"});
+}
+
+BOOST_AUTO_TEST_CASE(hostile_headers_are_short_errors) {
+  // Issues 19 and 21: each of these once crashed the reader (a stack overflow in nlohmann's
+  // recursion), was accepted, or gave a message as long as the file. Each is now an ember::Error
+  // of a few hundred characters at most.
+  TempDir tmp;
+  const std::string data = affine_data();
+  const auto nest = [](const std::string& open, const std::string& inner, const std::string& close,
+                       int depth) {
+    std::string out;
+    for (int i = 0; i < depth; ++i) out += open;
+    out += inner;
+    for (int i = 0; i < depth; ++i) out += close;
+    return out;
+  };
+  const auto entry = [](const std::string& shape, const std::string& offsets,
+                        const std::string& dtype = "\"F32\"") {
+    return R"({"dtype":)" + dtype + R"(,"shape":)" + shape + R"(,"data_offsets":)" + offsets + "}";
+  };
+  const std::string valid = affine_header(kValidW);
+  const std::string long_text(1'000'000, 'x');
+  struct Case {
+    std::string what, bytes;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {"shape nested 100,000 deep",
+       file_bytes(affine_header(entry(nest("[", "2", "]", 100'000), "[0,8]")), data),
+       {"'w'", "dim 0 of the shape is an array"}},
+      {"data_offsets nested 100,000 deep",
+       file_bytes(affine_header(entry("[2]", nest("[", "0", "]", 100'000))), data),
+       {"'w'", "data_offsets holds an array"}},
+      {"entry nested 100,000 deep",
+       file_bytes(affine_header(nest("[", "", "]", 100'000)), data),
+       {"'w'", "not a JSON object"}},
+      {"metadata nested 100,000 deep",
+       file_bytes(
+           R"({"__metadata__":{"k":)" + nest("{\"a\":", "1", "}", 100'000) + "}," + valid.substr(1),
+           data),
+       {"__metadata__ value of 'k'", "an object, not a string"}},
+      {"top level nested 100,000 deep, unclosed",
+       file_bytes("{\"w\":" + nest("{\"a\":", "", "", 100'000) + "}", data),
+       {"'w'", "unknown field 'a'"}},
+      {"a NUL byte, then garbage",
+       file_bytes(valid + std::string("\0garbage}", 9), data),
+       {"malformed", "NUL byte at byte " + std::to_string(valid.size())}},
+      {"a byte order mark", file_bytes("\xEF\xBB\xBF" + valid, data), {"malformed", "order mark"}},
+      {"padded with a tab", file_bytes(valid + "\t", data), {"malformed", "0x09"}},
+      {"garbage after the object", file_bytes(valid + " {}", data), {"malformed", "invalid JSON"}},
+      {"overlong UTF-8", file_bytes("{\"w\xC0\xAF\":1}", data), {"malformed", "UTF-8 at byte 3"}},
+      {"a UTF-16 surrogate", file_bytes("{\"\xED\xA0\x80\":1}", data), {"malformed", "UTF-8"}},
+      {"beyond U+10FFFF", file_bytes("{\"\xF4\x90\x80\x80\":1}", data), {"malformed", "UTF-8"}},
+      {"the same tensor twice",
+       file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)" + valid.substr(1),
+                  data),
+       {"tensor 'w' appears twice"}},
+      {"a field twice",
+       file_bytes(affine_header(R"({"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]})"),
+                  data),
+       {"'w'", "field 'shape' appears twice"}},
+      {"an unknown field",
+       file_bytes(affine_header(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":[[1]]})"),
+                  data),
+       {"'w'", "unknown field 'x'"}},
+      {"__metadata__ twice",
+       file_bytes(R"({"__metadata__":{},"__metadata__":{},)" + valid.substr(1), data),
+       {"__metadata__ twice"}},
+      {"a __metadata__ key twice",
+       file_bytes(R"({"__metadata__":{"k":"a","k":"b"},)" + valid.substr(1), data),
+       {"key 'k' appears twice"}},
+      {"elements overflow an int64 behind a zero",
+       file_bytes(R"({"e":)" + entry("[0,4611686018427387904,4611686018427387904]", "[0,0]") + "," +
+                      valid.substr(1),
+                  data),
+       {"'e'", "too many elements"}},
+      {"a dim beyond int64",
+       file_bytes(affine_header(entry("[9223372036854775808]", "[0,8]")), data),
+       {"'w'", "9223372036854775808, not a non-negative integer"}},
+      {"a dim beyond uint64",
+       file_bytes(affine_header(entry("[18446744073709551616]", "[0,8]")), data),
+       {"'w'", "not a non-negative integer"}},
+      {"a dim beyond double",
+       file_bytes(affine_header(entry("[1e999]", "[0,8]")), data),
+       {"malformed", "invalid JSON", "overflow"}},
+      {"17 dims",
+       file_bytes(affine_header(entry("[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,2]", "[0,8]")), data),
+       {"'w'", "more than 16 dims"}},
+      {"a million dims",
+       file_bytes(affine_header(entry("[" + nest("1,", "", "", 500'000) + "2]", "[0,8]")), data),
+       {"'w'", "more than 16 dims"}},
+      {"three offsets",
+       file_bytes(affine_header(entry("[2]", "[0,8,8]")), data),
+       {"'w'", "more than 2 values"}},
+      {"offsets at the end of uint64",
+       file_bytes(affine_header(entry("[2]", "[18446744073709551615,18446744073709551615]")), data),
+       {"'w'", "out of range"}},
+      {"a megabyte name",
+       file_bytes(affine_header("[1]").replace(2, 1, long_text), data),
+       {"tensor 'xxx", "... (1000000 bytes)", "not a JSON object"}},
+      {"a megabyte dtype",
+       file_bytes(affine_header(entry("[2]", "[0,8]", '"' + long_text + '"')), data),
+       {"'w'", "unknown dtype 'xxx", "(1000000 bytes)"}},
+      {"a megabyte number",
+       file_bytes(affine_header(entry("[0." + std::string(999'998, '9') + "]", "[0,8]")), data),
+       {"'w'", "dim 0 of the shape is 0.999", "(1000000 bytes)"}},
+      {"a megabyte bad token",
+       file_bytes(affine_header(entry("[2]", "[0,8]", '"' + long_text + "\x01\"")), data),
+       {"malformed", "invalid JSON", "control character", "bytes)"}},
+      {"a control character in a name",
+       file_bytes(affine_header("[1]").replace(2, 1, "w\\u001b[2J"), data),
+       {"tensor 'w\\x1b[2J'"}},
+  };
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      write_all(tmp / "bad.safetensors", c.bytes);
+      Affine m(2);
+      const auto before = snapshot(m);
+      for (const bool whole : {false, true}) {
+        try {
+          if (whole)
+            nn::read_safetensors(tmp / "bad.safetensors");
+          else
+            nn::load(m, tmp / "bad.safetensors");
+          BOOST_ERROR("no error");
+        } catch (const Error& e) {
+          const std::string msg = e.what();
+          BOOST_TEST(msg.starts_with(whole ? "read_safetensors: " : "load: "), msg);
+          BOOST_TEST(msg.size() < 400 + (tmp / "bad.safetensors").size(), msg);
+          for (const auto& part : c.parts)
+            BOOST_TEST(msg.find(part) != std::string::npos,
+                       "'" << msg << "' lacks '" << part << "'");
+        }
+      }
+      BOOST_TEST((snapshot(m) == before));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(header_length_is_checked_before_reading) {
+  TempDir tmp;
+  Affine m(2);
+  // The length prefix of a file larger than the cap: refused without reading the header.
+  {
+    const std::string big = tmp / "big.safetensors";
+    write_all(big, file_bytes("", "", 100'000'001));
+    fs::resize_file(big, 100'000'200);  // sparse
+    expect_error([&] { nn::load(m, big); },
+                 {"load", "header of 100000001 bytes (limit 100000000)"});
+  }
+  // Files that are not regular are refused, not read: a directory, a FIFO (would block until a
+  // writer came), a device (/dev/zero never ends).
+  expect_error([&] { nn::load(m, tmp.dir.string()); },
+               {"load", "it is a directory, not a regular file"});
+  expect_error([&] { nn::read_safetensors(tmp.dir.string()); }, {"read_safetensors", "directory"});
+  BOOST_TEST_REQUIRE(::mkfifo((tmp / "fifo").c_str(), 0600) == 0);
+  expect_error([&] { nn::load(m, tmp / "fifo"); }, {"load", "a FIFO, not a regular file"});
+  if (fs::exists("/dev/zero"))
+    expect_error([&] { nn::load(m, "/dev/zero"); }, {"load", "a character device"});
+  // A symlink to a valid file is followed (only the final file's kind matters).
+  nn::save(m, tmp / "m.safetensors");
+  fs::create_symlink(tmp / "m.safetensors", tmp / "link.safetensors");
+  nn::load(m, tmp / "link.safetensors");
 }
 
 BOOST_AUTO_TEST_CASE(fuzz_mutations_never_crash) {
