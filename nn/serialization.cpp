@@ -11,8 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
+#include <random>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -545,6 +545,87 @@ Tensor make_tensor(const ParsedFile& f, const Entry& e, std::string_view op) {
   return t;
 }
 
+// --- writing
+
+// Writes all of [p, p + n) to fd; false (errno set) on failure.
+bool write_whole(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+// A temporary file beside `path`, under a random name, created exclusively: never an existing
+// file, nor a symlink planted at the name (O_EXCL and O_NOFOLLOW), nor another process's
+// temporary. Removed when destroyed unless renamed into place.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& path) {
+    const std::filesystem::path p(path);
+    // At most 200 bytes of the file name, so that the suffix keeps it within NAME_MAX.
+    const std::string stem = (p.parent_path() / p.filename().string().substr(0, 200)).string();
+    std::random_device random;
+    for (int attempt = 0;; ++attempt) {
+      name_ = fmt::format("{}.tmp-{:08x}{:08x}", stem, random(), random());
+      fd_ = Fd(::open(name_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+      if (fd_.get() >= 0) return;
+      EMBER_CHECK(errno == EEXIST && attempt < 100, "save: cannot open '{}' for writing: {}", name_,
+                  errno_text());
+    }
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (!renamed_) ::unlink(name_.c_str());
+  }
+
+  int fd() const { return fd_.get(); }
+  // Syncs the contents to disk, closes and renames the file to path.
+  void commit(const std::string& path) {
+    EMBER_CHECK(::fsync(fd_.get()) == 0, "save: error writing '{}': {}", name_, errno_text());
+    EMBER_CHECK(fd_.close() == 0, "save: error writing '{}': {}", name_, errno_text());
+    EMBER_CHECK(::rename(name_.c_str(), path.c_str()) == 0, "save: cannot rename '{}' to '{}': {}",
+                name_, path, errno_text());
+    renamed_ = true;
+  }
+
+ private:
+  std::string name_;
+  Fd fd_;
+  bool renamed_ = false;
+};
+
+// Why `path` cannot be saved to, before anything is written: it is a directory, or its
+// directory is missing or not one.
+void check_target(const std::string& path) {
+  const std::filesystem::path p(path);
+  EMBER_CHECK(!path.empty() && p.has_filename(), "save: '{}' does not name a file", path);
+  struct stat st {};
+  EMBER_CHECK(::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode),
+              "save: cannot open '{}' for writing: it is a directory", path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  EMBER_CHECK(::stat(dir.c_str(), &st) == 0,
+              "save: cannot open '{}' for writing: directory '{}': {}", path, dir, errno_text());
+  EMBER_CHECK(S_ISDIR(st.st_mode), "save: cannot open '{}' for writing: '{}' is not a directory",
+              path, dir);
+}
+
+// After a rename, the directory entry itself must reach the disk for the save to be durable.
+void sync_directory(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  EMBER_CHECK(fd.get() >= 0, "save: wrote '{}' but cannot open its directory to sync it: {}", path,
+              errno_text());
+  // EINVAL: a file system that cannot sync directories (nothing to do).
+  EMBER_CHECK(::fsync(fd.get()) == 0 || errno == EINVAL,
+              "save: wrote '{}' but cannot sync its directory: {}", path, errno_text());
+}
+
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
@@ -584,30 +665,23 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
   const uint64_t header_len = text.size();
 
-  // Write a sibling temporary file, then rename it over `path` (atomic on POSIX).
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    EMBER_CHECK(out.good(), "save: cannot open '{}' for writing", tmp);
-    out.write(reinterpret_cast<const char*>(&header_len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const Tensor& c : data)
-      out.write(static_cast<const char*>(c.impl()->storage->data()) +
-                    c.storage_offset() * element_size(c.dtype()),
-                static_cast<std::streamsize>(c.numel() * element_size(c.dtype())));
-    out.flush();
-    if (!out.good()) {
-      out.close();
-      std::filesystem::remove(tmp);
-      throw Error(fmt::format("save: error writing '{}'", tmp));
-    }
+  // Write a unique temporary beside `path`, sync it, and rename it over `path` (atomic on POSIX:
+  // a reader sees the old file or the new one, never a part).
+  check_target(path);
+  TempFile tmp(path);
+  bool ok = write_whole(tmp.fd(), reinterpret_cast<const char*>(&header_len), 8) &&
+            write_whole(tmp.fd(), text.data(), text.size());
+  for (size_t i = 0; ok && i < data.size(); ++i) {
+    const Tensor& c = data[i];
+    if (c.numel() == 0) continue;
+    const size_t size = element_size(c.dtype());
+    ok = write_whole(
+        tmp.fd(), static_cast<const char*>(c.impl()->storage->data()) + c.storage_offset() * size,
+        c.numel() * size);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw Error(fmt::format("save: cannot rename '{}' to '{}': {}", tmp, path, ec.message()));
-  }
+  EMBER_CHECK(ok, "save: error writing '{}': {}", path, errno_text());
+  tmp.commit(path);
+  sync_directory(path);
 }
 
 void save(const Module& module, const std::string& path) {

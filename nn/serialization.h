@@ -15,7 +15,9 @@
 namespace ember::nn {
 
 // Writes parameters and buffers to path through a temporary file renamed into place, so a crash
-// mid-save leaves any old file intact.
+// mid-save leaves any old file intact and a reader sees the old file or the new one, never a
+// part. The temporary is unique and created exclusively beside path (concurrent saves and a
+// symlink planted at a predictable name are safe), synced to disk and removed on any failure.
 void save(const Module& module, const std::string& path);
 // Reads path into the module's tensors. The whole header is validated (offsets, dtypes, shapes)
 // and the loaded tensors' bytes read before any tensor changes: on error the module is

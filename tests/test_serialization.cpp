@@ -1,14 +1,16 @@
 // safetensors checkpoints: bit-exact round trips, the file layout checked by an independent
 // parser, Python interop (golden/interop.safetensors written by gen_safetensors.py), strict and
-// non-strict loading, every corrupt-file case, hostile headers and files (issues 19 and 21),
-// and a seeded fuzz of byte mutations.
+// non-strict loading, every corrupt-file case, hostile headers and paths (issues 19 and 21),
+// saves that race, and a seeded fuzz of byte mutations.
 #include <unistd.h>
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "helpers.h"
 #include "nn_modules.h"
@@ -531,6 +533,107 @@ BOOST_AUTO_TEST_CASE(header_length_is_checked_before_reading) {
   nn::save(m, tmp / "m.safetensors");
   fs::create_symlink(tmp / "m.safetensors", tmp / "link.safetensors");
   nn::load(m, tmp / "link.safetensors");
+}
+
+BOOST_AUTO_TEST_CASE(empty_tensors_round_trip) {
+  // A [3, 0] parameter once killed save with SIGFPE (an empty strided loop).
+  TempDir tmp;
+  auto saved = module_of({{"empty", zeros({3, 0})},
+                          {"none", zeros({0}, kInt64)},
+                          {"flag", zeros({0, 2}, kBool)},
+                          {"scalar", scalar_tensor(2.5)},
+                          {"wide", zeros({0, 4}, kFloat64).transpose(0, 1)}});
+  nn::save(*saved, tmp / "empty.safetensors");
+  auto loaded = module_of({{"empty", ones({3, 0})},
+                           {"none", ones({0}, kInt64)},
+                           {"flag", ones({0, 2}, kBool)},
+                           {"scalar", scalar_tensor(0.0)},
+                           {"wide", ones({4, 0}, kFloat64)}});
+  nn::load(*loaded, tmp / "empty.safetensors");
+  BOOST_TEST((snapshot(*loaded) == snapshot(*saved)));
+  const nn::SafetensorsFile file = nn::read_safetensors(tmp / "empty.safetensors");
+  BOOST_TEST((file.tensors.at("empty").shape() == Shape{3, 0}));
+  BOOST_TEST((file.tensors.at("wide").shape() == Shape{4, 0}));
+  BOOST_TEST(file.tensors.at("scalar").item<double>() == 2.5);
+}
+
+BOOST_AUTO_TEST_CASE(save_never_follows_a_planted_temporary) {
+  // The temporary was once PATH.tmp, opened with O_TRUNC: a symlink planted there was followed
+  // (its target overwritten, or created when dangling).
+  TempDir tmp;
+  Affine m(2);
+  const std::string path = tmp / "m.safetensors";
+  write_all(tmp / "victim", "keep me");
+  fs::create_symlink(tmp / "victim", path + ".tmp");
+  nn::save(m, path);
+  BOOST_TEST(read_all(tmp / "victim") == "keep me");
+  BOOST_TEST(fs::is_symlink(path + ".tmp"));
+  fs::remove(path + ".tmp");
+  fs::create_symlink(tmp / "created", path + ".tmp");  // dangling
+  nn::save(m, path);
+  BOOST_TEST(!fs::exists(tmp / "created"));
+  fs::remove(path + ".tmp");
+  nn::load(m, path);
+  // Only the victim and the checkpoint remain: no temporary is left behind.
+  BOOST_TEST(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()) == 2);
+}
+
+BOOST_AUTO_TEST_CASE(save_to_a_bad_path_is_a_clear_error) {
+  TempDir tmp;
+  Affine m(2);
+  write_all(tmp / "file", "x");
+  fs::create_directory(tmp / "dir");
+  expect_error([&] { nn::save(m, tmp / "missing/m.safetensors"); },
+               {"save", "cannot open", "missing", "No such file or directory"});
+  expect_error([&] { nn::save(m, tmp / "file/m.safetensors"); },
+               {"save", "cannot open", "is not a directory"});
+  expect_error([&] { nn::save(m, tmp / "dir"); }, {"save", "it is a directory"});
+  expect_error([&] { nn::save(m, ""); }, {"save", "does not name a file"});
+  expect_error([&] { nn::save(m, tmp.dir.string() + "/"); }, {"save", "does not name a file"});
+  BOOST_TEST(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()) == 2);
+  BOOST_TEST(fs::is_empty(tmp / "dir"));
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_saves_and_loads_see_whole_files) {
+  // Two writers replace one path while a reader loads it: with the shared PATH.tmp, saves failed
+  // and readers saw empty or truncated files. Each save now has its own temporary and renames
+  // it into place, so every load sees one writer's whole file.
+  TempDir tmp;
+  const std::string path = tmp / "m.safetensors";
+  manual_seed(18);
+  Affine first(64), second(64);
+  nn::save(first, path);
+  const auto a = snapshot(first), b = snapshot(second);
+  std::atomic<int> writers_done{0}, failures{0};
+  std::vector<std::string> errors(3);
+  const auto writer = [&](const Affine& m, int k) {
+    try {
+      for (int i = 0; i < 100; ++i) nn::save(m, path);
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+      ++failures;
+    }
+    ++writers_done;
+  };
+  std::thread w1(writer, std::cref(first), 0), w2(writer, std::cref(second), 1);
+  int reads = 0;
+  try {
+    Affine reader(64);
+    while (writers_done < 2 || reads == 0) {
+      nn::load(reader, path);
+      const auto got = snapshot(reader);
+      if (got != a && got != b) throw std::runtime_error("a mixture of two files");
+      ++reads;
+    }
+  } catch (const std::exception& e) {
+    errors[2] = e.what();
+    ++failures;
+  }
+  w1.join();
+  w2.join();
+  BOOST_TEST(failures == 0, errors[0] << " | " << errors[1] << " | " << errors[2]);
+  BOOST_TEST_MESSAGE("concurrent saves: " << reads << " loads");
+  BOOST_TEST(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()) == 1);
 }
 
 BOOST_AUTO_TEST_CASE(fuzz_mutations_never_crash) {
