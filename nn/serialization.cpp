@@ -62,13 +62,14 @@ std::string clip(std::string_view s, size_t limit = kQuoteBytes) {
   return out;
 }
 
-// "a, b, c" of at most kListedNames names, or "none".
-std::string join(const std::vector<std::string>& names) {
-  if (names.empty()) return "none";
+// "a, b, c" of at most kListedNames names, then "and N more" up to `total`; or "none".
+std::string join(const std::vector<std::string>& names, size_t total = 0) {
+  total = std::max(total, names.size());
+  if (total == 0) return "none";
   std::string out;
   for (size_t i = 0; i < names.size() && i < kListedNames; ++i)
     out += fmt::format("{}{}", i == 0 ? "" : ", ", names[i]);
-  if (names.size() > kListedNames) out += fmt::format(" and {} more", names.size() - kListedNames);
+  if (total > kListedNames) out += fmt::format(" and {} more", total - kListedNames);
   return out;
 }
 
@@ -268,8 +269,8 @@ class HeaderReader {
   At at_ = At::kStart;
   bool in_metadata_ = false, seen_metadata_ = false;
   Field field_ = Field::kDtype;
-  bool has_[3] = {false, false, false};  // by Field
-  std::string meta_key_;
+  bool has_[3] = {false, false, false};                      // by Field
+  std::map<std::string, std::string>::iterator meta_value_;  // of the last metadata key
   int offsets_seen_ = 0;
   uint64_t offsets_[2] = {0, 0};
   std::string offsets_text_[2];
@@ -312,10 +313,10 @@ bool HeaderReader::key(std::string& k) {
     if (has) throw entry_error(fmt::format("field '{}' appears twice", k));
     has = true;
     at_ = At::kField;
-  } else {  // At::kMeta
-    EMBER_CHECK(!metadata.contains(k), "{}: __metadata__ key '{}' appears twice in '{}'", op_,
-                clip(k), path_);
-    meta_key_ = std::move(k);
+  } else {                                                        // At::kMeta
+    const auto [it, fresh] = metadata.try_emplace(std::move(k));  // k stays if not fresh
+    EMBER_CHECK(fresh, "{}: __metadata__ key '{}' appears twice in '{}'", op_, clip(k), path_);
+    meta_value_ = it;
     at_ = At::kMetaValue;
   }
   return true;
@@ -354,7 +355,7 @@ bool HeaderReader::string(std::string& s) {
     entries.back().dtype = *t;
     at_ = At::kEntry;
   } else if (at_ == At::kMetaValue) {
-    metadata.emplace(std::move(meta_key_), std::move(s));
+    meta_value_->second = std::move(s);
     at_ = At::kMeta;
   } else {
     unexpected(fmt::format("the string '{}'", clip(s)));
@@ -407,7 +408,7 @@ void HeaderReader::unexpected(std::string_view found) {
       throw entry_error(fmt::format("data_offsets holds {}, not a pair of integers", found));
     case At::kMetaValue:
       throw Error(fmt::format("{}: __metadata__ value of '{}' in '{}' is {}, not a string", op_,
-                              clip(meta_key_), path_, found));
+                              clip(meta_value_->first), path_, found));
     default:  // kTop, kEntry, kMeta, kDone: the parser gives only keys and ends there
       throw Error(
           fmt::format("{}: '{}' has a malformed header ({} in an object)", op_, path_, found));
@@ -629,11 +630,11 @@ void sync_directory(const std::string& path) {
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  const ParsedFile f = parse_file(path, "read_safetensors");
+  ParsedFile f = parse_file(path, "read_safetensors");
   SafetensorsFile out;
   for (const Entry& e : f.entries)
     out.tensors.emplace(e.name, make_tensor(f, e, "read_safetensors"));
-  out.metadata = f.metadata;
+  out.metadata = std::move(f.metadata);
   return out;
 }
 
@@ -690,12 +691,12 @@ void save(const Module& module, const std::string& path) {
 
 void load(Module& module, const std::string& path, bool strict) {
   const ParsedFile f = parse_file(path, "load");
-  std::map<std::string, const Entry*> in_file;
+  std::map<std::string_view, const Entry*> in_file;  // views of f's names
   for (const Entry& e : f.entries) in_file.emplace(e.name, &e);
 
   // Match names, then shapes and dtypes, reporting every problem of a kind at once.
   const NamedTensors state = module.state_dict();
-  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<std::string> missing, mismatched;
   std::vector<std::pair<Tensor, const Entry*>> matched;
   std::set<std::string> known;
   for (const auto& [name, t] : state) {
@@ -710,12 +711,19 @@ void load(Module& module, const std::string& path, bool strict) {
       matched.emplace_back(t, it->second);
     }
   }
-  for (const Entry& e : f.entries)
-    if (!known.contains(e.name)) unexpected.push_back(clip(e.name));
-  std::sort(unexpected.begin(), unexpected.end());
-  EMBER_CHECK(!strict || (missing.empty() && unexpected.empty()),
-              "load: '{}' does not match {}: missing {}; unexpected {}", path, module.type_name(),
-              join(missing), join(unexpected));
+  if (strict) {
+    std::vector<const std::string*> unexpected;
+    for (const Entry& e : f.entries)
+      if (!known.contains(e.name)) unexpected.push_back(&e.name);
+    const size_t listed = std::min(unexpected.size(), kListedNames);
+    std::partial_sort(unexpected.begin(), unexpected.begin() + listed, unexpected.end(),
+                      [](auto* a, auto* b) { return *a < *b; });
+    std::vector<std::string> names;
+    for (size_t i = 0; i < listed; ++i) names.push_back(clip(*unexpected[i]));
+    EMBER_CHECK(missing.empty() && unexpected.empty(),
+                "load: '{}' does not match {}: missing {}; unexpected {}", path, module.type_name(),
+                join(missing), join(names, unexpected.size()));
+  }
   EMBER_CHECK(mismatched.empty(), "load: '{}' does not match {}: {}", path, module.type_name(),
               join(mismatched));
 
