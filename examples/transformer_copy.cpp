@@ -10,6 +10,7 @@
 //
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"
+#include <charconv>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -218,13 +219,27 @@ void draw_attention(EncoderDecoder& model, const std::vector<int64_t>& src_token
 
 int decode_only(const std::string& load, const std::string& decode, const Config& flags) {
   // Rebuild the saved model from its metadata (flags as fallback), then load its weights.
+  // The file may come from anywhere: a value is a positive integer no larger than a loadable
+  // file implies (each layer has tensors, each width is a dim of one), so that a bad one is an
+  // error rather than an uncaught std::stoll exception or a model too large to build.
   const nn::SafetensorsFile file = nn::read_safetensors(load);
-  const auto meta = [&](const char* key, int64_t fallback) {
+  int64_t widest = 0;
+  for (const auto& [name, t] : file.tensors)
+    for (const int64_t s : t.shape()) widest = std::max(widest, s);
+  const auto meta = [&](const char* key, int64_t fallback, int64_t limit) {
     const auto it = file.metadata.find(key);
-    return it == file.metadata.end() ? fallback : std::stoll(it->second);
+    if (it == file.metadata.end()) return fallback;
+    const std::string& text = it->second;
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v <= 0 || v > limit)
+      throw Error(fmt::format("--load '{}': metadata {} = '{:.40}' is not an integer in 1 .. {}",
+                              load, key, text, limit));
+    return v;
   };
-  auto model = nn::make_model(V, V, meta("layers", flags.layers), meta("d_model", flags.d_model),
-                              meta("d_ff", flags.d_ff), meta("heads", flags.heads));
+  auto model = nn::make_model(V, V, meta("layers", flags.layers, ssize(file.tensors)),
+                              meta("d_model", flags.d_model, widest),
+                              meta("d_ff", flags.d_ff, widest), meta("heads", flags.heads, widest));
   nn::load(*model, load);
   model->eval();
   const std::vector<int64_t> tokens =

@@ -22,7 +22,6 @@ namespace ember {
 namespace {
 std::atomic<int64_t> g_live_impls{0};
 constexpr size_t kAlignment = 64;
-constexpr size_t kMaxDims = 16;
 
 // Note [Buffer cache]
 // A freed buffer is kept, by its exact (64-byte rounded) size, for the next Storage of that size,

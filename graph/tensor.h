@@ -151,6 +151,8 @@ class Tensor {
 #undef EMBER_OP
 #undef EMBER_DEFAULT
 
+// The most dims a tensor may have (TensorImpl refuses more; readers of files check first).
+inline constexpr size_t kMaxDims = 16;
 // A new contiguous tensor of `shape` with uninitialised contents.
 Tensor empty(const Shape& shape, DType dtype = kFloat32);
 // A view of `base`'s storage with the given geometry (no autograd link).

@@ -15,11 +15,15 @@
 namespace ember::nn {
 
 // Writes parameters and buffers to path through a temporary file renamed into place, so a crash
-// mid-save leaves any old file intact.
+// mid-save leaves any old file intact and a reader sees the old file or the new one, never a
+// part. The temporary is unique and created exclusively beside path (concurrent saves and a
+// symlink planted at a predictable name are safe), synced to disk and removed on any failure.
 void save(const Module& module, const std::string& path);
-// Reads path into the module's tensors. The whole file is validated (header, offsets, dtypes,
-// shapes) before any tensor changes: on error the module is unchanged. strict: a name missing
-// from the file or unexpected in it is an error (all are listed at once); else loads the overlap.
+// Reads path into the module's tensors. The whole header is validated (offsets, dtypes, shapes)
+// and the loaded tensors' bytes read before any tensor changes: on error the module is
+// unchanged. strict: a name missing from the file or unexpected in it is an error (all are
+// listed at once); else loads the overlap. Any file, however corrupt or hostile, loads or throws
+// ember::Error with a short message, in time and memory proportional to its size.
 void load(Module& module, const std::string& path, bool strict = true);
 
 // The tensors of a safetensors file by name (new storage), and its __metadata__.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -623,6 +624,36 @@ BOOST_AUTO_TEST_CASE(example_trains_saves_and_decodes_a_loaded_model) {
   BOOST_TEST(read_text(dir / "stderr").find("no-such-flag") != std::string::npos);
   BOOST_TEST(run_example("--d-model 30 --heads 4", dir) == 2);
   BOOST_TEST(read_text(dir / "stderr").find("multiple") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(example_refuses_a_hostile_checkpoint) {
+  // --load of a crafted file: a 100,000-deep shape overflowed the stack, a metadata value that
+  // is not a number ended in an uncaught std::invalid_argument. Each is now exit status 1 and
+  // a short message.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("ember_transformer_hostile_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "bad.safetensors").string();
+  const auto expect_refused = [&](const std::string& what, const std::string& part) {
+    const int status = run_example(fmt::format("--load '{}'", path), dir);
+    const std::string err = read_text(dir / "stderr");
+    BOOST_TEST(status == 1, what << ": " << err);
+    BOOST_TEST(err.find(part) != std::string::npos, what << ": " << err);
+    BOOST_TEST(err.size() < 500u, what);
+  };
+  std::string header = R"({"w":{"dtype":"F32","shape":)" + std::string(100'000, '[') +
+                       std::string(100'000, ']') + R"(,"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  { std::ofstream(path, std::ios::binary) << bytes << header; }
+  expect_refused("deep shape", "dim 0 of the shape is an array");
+  const nn::NamedTensors tensors = {{"w", zeros({4, 4})}};
+  nn::write_safetensors(path, tensors, {{"layers", "abc"}});
+  expect_refused("layers abc", "metadata layers = 'abc' is not an integer in 1 .. 1");
+  nn::write_safetensors(path, tensors, {{"layers", "1"}, {"d_ff", "100000000000"}});
+  expect_refused("huge d_ff", "metadata d_ff = '100000000000' is not an integer in 1 .. 4");
   std::filesystem::remove_all(dir);
 }
 #endif
