@@ -1,7 +1,9 @@
 // ember::nn: modules, layers, initialisers, safetensors checkpoints, D2L attention pooling,
-// the Annotated Transformer with its Batch and LabelSmoothing, and pad_sequence.
+// the Annotated Transformer with its Batch and LabelSmoothing, greedy and beam search, and
+// pad_sequence.
 #pragma once
 
+#include "nn/decoding.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
