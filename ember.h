@@ -3,6 +3,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
+#include "data/data.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
 #include "graph/dtype.h"
