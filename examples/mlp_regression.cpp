@@ -1,10 +1,10 @@
 // A two-layer MLP fitted to a noisy sine with Adam, then saved and loaded back: the smallest
-// complete Ember training script (the README shows its core).
-#include <filesystem>
-
+// complete Ember training script (the README shows its core). Failures end as one line on stderr
+// and a non-zero exit (examples/program.h).
 #include <CLI/CLI.hpp>
 
 #include "ember.h"
+#include "program.h"
 
 using namespace ember;
 
@@ -21,34 +21,45 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a 2-layer MLP on y = sin(3x) + noise"};
   uint64_t seed = 0;
   int epochs = 500, threads = 0;
+  double lr = 0.01;
+  program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
   std::string out = "out/mlp_regression";
   app.add_option("--seed", seed, "random seed");
-  app.add_option("--epochs", epochs, "full-batch training steps");
-  app.add_option("--threads", threads, "threads for OpenMP and OpenBLAS (0: all cores)");
+  app.add_option("--epochs", epochs, "full-batch training steps")->check(program::count(0));
+  app.add_option("--lr", lr, "Adam learning rate")->check(program::positive());
+  program::add_on_nonfinite_option(app, on_nonfinite);
+  program::add_threads_option(app, threads);
   app.add_option("--out", out, "output directory");
-  CLI11_PARSE(app, argc, argv);
-  set_num_threads(threads);
-  std::filesystem::create_directories(out);
+  return program::run("mlp_regression", app, argc, argv, [&] {
+    program::prepare_out_dir(out, {"model.safetensors"});
+    set_num_threads(threads);
 
-  manual_seed(seed);
-  const Tensor x = rand({256, 1}) * 2.0 - 1.0;
-  const Tensor y = sin(x * 3.0) + normal(0, 0.05, {256, 1});
-  auto model = std::make_shared<MLP>(1, 32, 1);
-  optim::Adam opt(model->parameters(), {.lr = 0.01});
-  for (int epoch = 1; epoch <= epochs; ++epoch) {
-    opt.zero_grad();
-    Tensor loss = mse_loss(model->forward(x), y);
-    loss.backward();
-    opt.step();
-    if (epoch == 1 || epoch % 100 == 0)
-      fmt::print("epoch {}, loss {:.5f}\n", epoch, loss.item<double>());
-  }
+    manual_seed(seed);
+    const Tensor x = rand({256, 1}) * 2.0 - 1.0;
+    const Tensor y = sin(x * 3.0) + normal(0, 0.05, {256, 1});
+    auto model = std::make_shared<MLP>(1, 32, 1);
+    optim::Adam opt(model->parameters(), {.lr = lr});
+    program::NonfiniteGuard guard(on_nonfinite, model->parameters());
+    for (int epoch = 1; epoch <= epochs; ++epoch) {
+      const auto where = [&] { return fmt::format("epoch {}", epoch); };
+      opt.zero_grad();
+      Tensor loss = mse_loss(model->forward(x), y);
+      const double value = loss.item<double>();
+      if (!guard.loss_ok(value, where)) continue;
+      loss.backward();
+      if (!guard.gradients_ok(where)) continue;
+      opt.step();
+      if (epoch == 1 || epoch % 100 == 0) fmt::print("epoch {}, loss {:.5f}\n", epoch, value);
+    }
+    if (guard.skipped() > 0) fmt::print("skipped {} non-finite steps\n", guard.skipped());
+    guard.check_parameters("after training");
 
-  const std::string path = out + "/model.safetensors";
-  nn::save(*model, path);
-  MLP restored(1, 32, 1);
-  nn::load(restored, path);
-  fmt::print("saved and reloaded {}: loss {:.5f}\n", path,
-             mse_loss(restored.forward(x), y).item<double>());
-  return 0;
+    const std::string path = out + "/model.safetensors";
+    nn::save(*model, path);
+    MLP restored(1, 32, 1);
+    nn::load(restored, path);
+    fmt::print("saved and reloaded {}: loss {:.5f}\n", path,
+               mse_loss(restored.forward(x), y).item<double>());
+    return 0;
+  });
 }

@@ -3,38 +3,46 @@
 // heatmap, the data, average pooling, nonparametric attention pooling, the bmm demo, and the
 // parametric model NWKernelRegression trained on leave-one-out keys and values. Every figure D2L
 // draws is written as SVG into --out, with the numbers a reader would check in metrics.json.
+// Failures end as one line on stderr and a non-zero exit (examples/program.h).
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "ember.h"
+#include "program.h"
 
 using namespace ember;
 
-int main(int argc, char** argv) {
-  CLI::App app{"D2L attention pooling: Nadaraya-Watson kernel regression"};
+namespace {
+
+struct Flags {
   uint64_t seed = 2;  // an initial w that training moves (see the README's note on this example)
   int epochs = 5, threads = 0;
   int64_t n_train = 50;
   double lr = 0.5;
+  program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
   std::string out = "out/nw_regression";
-  app.add_option("--seed", seed, "random seed");
-  app.add_option("--epochs", epochs, "full-batch SGD steps")->check(CLI::Range(0, 1000000));
-  app.add_option("--lr", lr, "SGD learning rate (positive)");
-  app.add_option("--n-train", n_train, "training examples")->check(CLI::Range(2, 100000));
-  app.add_option("--threads", threads, "threads for OpenMP and OpenBLAS (0: all cores)");
-  app.add_option("--out", out, "output directory");
-  CLI11_PARSE(app, argc, argv);
-  if (!(lr > 0 && std::isfinite(lr))) {
-    fmt::print(stderr, "--lr must be a positive number, got {}\n", lr);
-    return 2;
-  }
-  set_num_threads(threads);
+};
+
+// Bytes the run needs: its (n_train, n_train) matrices (tiles, mask, keys, values, the kernel
+// and their gradients) take about 16 floats per element, measured at n_train 2000 and 4000.
+double memory_bytes(int64_t n_train) {
+  const double n = static_cast<double>(n_train);
+  return 64 * n * n + (1 << 24);
+}
+
+int run(const Flags& flags) {
+  const uint64_t seed = flags.seed;
+  const int epochs = flags.epochs;
+  const int64_t n_train = flags.n_train;
+  const double lr = flags.lr;
+  const std::string& out = flags.out;
+  program::check_memory(memory_bytes(n_train), fmt::format("--n-train {}", n_train));
+  program::prepare_out_dir(out, {"metrics.json", "loss.svg"});
+  set_num_threads(flags.threads);
   manual_seed(seed);
-  std::filesystem::create_directories(out);
   const auto file = [&](const std::string& name) {
     return (std::filesystem::path(out) / name).string();
   };
@@ -115,17 +123,22 @@ int main(int argc, char** argv) {
   optim::SGD trainer(net.parameters(), {.lr = lr});
   viz::Animator animator("epoch", "loss", {}, std::pair<double, double>{1, std::max(epochs, 2)});
   std::vector<double> loss_per_epoch;
+  program::NonfiniteGuard guard(flags.on_nonfinite, net.parameters());
   fmt::print("w initial {:.6f}\n", w_initial);
   for (int epoch = 0; epoch < epochs; ++epoch) {
+    const auto where = [&] { return fmt::format("epoch {}", epoch + 1); };
     trainer.zero_grad();
     const Tensor l = loss(net(x_train, keys, values), y_train);
-    l.sum().backward();
-    trainer.step();
     const double total = l.sum().item<double>();
+    if (!guard.loss_ok(total, where)) continue;
+    l.sum().backward();
+    if (!guard.gradients_ok(where)) continue;
+    trainer.step();
     fmt::print("epoch {}, loss {:.6f}\n", epoch + 1, total);
     animator.add(epoch + 1, {total});
     loss_per_epoch.push_back(total);
   }
+  guard.check_parameters("after training");
   animator.save(file("loss.svg"));
   const double w_learned = net.w.item<double>();
   fmt::print("w learned {:.6f}\n", w_learned);
@@ -151,6 +164,7 @@ int main(int argc, char** argv) {
       {"n_train", n_train},
       {"epochs", epochs},
       {"lr", lr},
+      {"skipped_steps", guard.skipped()},
       {"w_initial", w_initial},
       {"w_learned", w_learned},
       {"loss_per_epoch", loss_per_epoch},
@@ -159,12 +173,24 @@ int main(int argc, char** argv) {
         {"nonparametric", mse_nonparametric},
         {"parametric", mse_parametric}}},
   };
-  std::ofstream metrics_file(file("metrics.json"));
-  metrics_file << metrics.dump(2) << "\n";
-  if (!metrics_file.flush()) {
-    fmt::print(stderr, "cannot write {}\n", file("metrics.json"));
-    return 1;
-  }
+  program::write_text(file("metrics.json"), metrics.dump(2) + "\n");
   fmt::print("wrote {}\n", out);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"D2L attention pooling: Nadaraya-Watson kernel regression"};
+  Flags flags;
+  app.add_option("--seed", flags.seed, "random seed");
+  app.add_option("--epochs", flags.epochs, "full-batch SGD steps")
+      ->check(program::finite_in(0, 1000000));
+  app.add_option("--lr", flags.lr, "SGD learning rate (positive)")->check(program::positive());
+  program::add_on_nonfinite_option(app, flags.on_nonfinite);
+  app.add_option("--n-train", flags.n_train, "training examples (memory grows as its square)")
+      ->check(program::finite_in(2, 100000));
+  program::add_threads_option(app, flags.threads);
+  app.add_option("--out", flags.out, "output directory");
+  return program::run("nw_regression", app, argc, argv, [&] { return run(flags); });
 }

@@ -6,15 +6,15 @@
 // `0 ... 9` from start symbol 0, a token the decoder never sees first in training, and goes wrong
 // right after the start: harvardnlp/annotated-transformer issue 127), then measures exact copies
 // over fresh sequences, draws the loss curve and the attention maps, and writes everything to
-// --out. The task's data_gen and SimpleLossCompute are in examples/copy_task.h.
+// --out. The task's data_gen and SimpleLossCompute are in examples/copy_task.h. Failures end as
+// one line on stderr and a non-zero exit (examples/program.h): flags and the --load file are
+// checked, memory estimated, before anything is built, and training stops on a non-finite loss.
 //
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"
 #include <charconv>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include <sys/resource.h>
@@ -24,6 +24,7 @@
 
 #include "copy_task.h"
 #include "ember.h"
+#include "program.h"
 
 using namespace ember;
 using nn::Batch;
@@ -32,7 +33,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int64_t V = 11;  // vocabulary: 0 (padding) and 1 .. 10
+constexpr int64_t V = 11;            // vocabulary: 0 (padding) and 1 .. 10
+constexpr int64_t kMaxDecode = 256;  // --decode tokens at most (400 take 11 s at the default size)
 
 struct Config {
   int64_t layers = 2, d_model = 512, d_ff = 2048, heads = 8;
@@ -42,6 +44,7 @@ struct Config {
   uint64_t seed = 0;
   int threads = 0;
   int64_t log_every = 5;
+  program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
 };
 
 double seconds_since(Clock::time_point start) {
@@ -55,8 +58,10 @@ std::string format_duration(double s) {
   return fmt::format("{}h{:02}m", total / 3600, total % 3600 / 60);
 }
 
-// The original's TrainState, plus the wall time spent in training steps.
+// The original's TrainState, plus the epoch (for messages) and the wall time spent in training
+// steps.
 struct TrainState {
+  int64_t epoch = 0;       // the current epoch, from 1
   int64_t step = 0;        // steps in the current epoch
   int64_t samples = 0;     // examples used
   int64_t tokens = 0;      // target tokens processed
@@ -76,12 +81,13 @@ struct Progress {
 };
 
 // One pass over `data`. In training mode (an optimizer is given), each batch is a step: forward,
-// loss, backward, optimizer and schedule; every log_every steps a progress line. Returns the
-// loss per token.
+// loss, backward, optimizer and schedule; every log_every steps a progress line. The guard stops
+// training on a non-finite loss or gradient, or skips the step (not counted in the loss).
+// Returns the loss per token.
 double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
                  copy_task::SimpleLossCompute& loss_compute, optim::Optimizer* optimizer,
                  optim::LambdaLR* scheduler, TrainState& state, const Progress& progress,
-                 int64_t log_every) {
+                 int64_t log_every, program::NonfiniteGuard& guard) {
   const bool train = optimizer != nullptr;
   auto start = Clock::now();
   double total_loss = 0;
@@ -94,7 +100,13 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
     const Tensor out = model.forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
     const copy_task::LossOutput loss = loss_compute(out, batch.tgt_y, batch.ntokens);
     if (train) {
+      const auto where = [&] { return fmt::format("epoch {}, batch {}", state.epoch, i); };
+      if (!guard.loss_ok(loss.total, where)) continue;
       loss.loss.backward();
+      if (!guard.gradients_ok(where)) {
+        optimizer->zero_grad();
+        continue;
+      }
       optimizer->step();
       optimizer->zero_grad();
       scheduler->step();
@@ -122,21 +134,6 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
   return total_loss / static_cast<double>(total_tokens);
 }
 
-// A flag check with a short message (CLI11's PositiveNumber prints the type's whole range):
-// the value must be a number > 0, or >= 0 with allow_zero.
-CLI::Validator sign_check(bool allow_zero) {
-  return CLI::Validator(
-      [allow_zero](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0') return fmt::format("'{}' is not a number", text);
-        if (allow_zero ? v >= 0 : v > 0) return {};
-        return fmt::format("must be {}, got {}", allow_zero ? "non-negative" : "positive", text);
-      },
-      allow_zero ? "NON-NEGATIVE" : "POSITIVE");
-}
-const CLI::Validator kPositive = sign_check(false), kNonNegative = sign_check(true);
-
 // The model's configuration as safetensors metadata, so --load rebuilds the same model.
 std::map<std::string, std::string> model_metadata(const Config& c) {
   return {{"format", "pt"},
@@ -147,7 +144,7 @@ std::map<std::string, std::string> model_metadata(const Config& c) {
           {"heads", std::to_string(c.heads)}};
 }
 
-// Tokens of --decode: integers in [0, V) separated by spaces.
+// Tokens of --decode: 1 to kMaxDecode integers in [0, V) separated by spaces.
 std::vector<int64_t> parse_tokens(const std::string& text) {
   std::istringstream in(text);
   std::vector<int64_t> tokens;
@@ -166,6 +163,10 @@ std::vector<int64_t> parse_tokens(const std::string& text) {
       throw CLI::ValidationError(
           "--decode", fmt::format("token {} is outside the vocabulary 0 .. {}", t, V - 1));
     tokens.push_back(t);
+    if (static_cast<int64_t>(tokens.size()) > kMaxDecode)
+      throw CLI::ValidationError(
+          "--decode",
+          fmt::format("more than {} tokens (decoding takes quadratic time)", kMaxDecode));
   }
   if (tokens.empty()) throw CLI::ValidationError("--decode", "no tokens given");
   return tokens;
@@ -217,29 +218,70 @@ void draw_attention(EncoderDecoder& model, const std::vector<int64_t>& src_token
   }
 }
 
-int decode_only(const std::string& load, const std::string& decode, const Config& flags) {
-  // Rebuild the saved model from its metadata (flags as fallback), then load its weights.
-  // The file may come from anywhere: a value is a positive integer no larger than a loadable
-  // file implies (each layer has tensors, each width is a dim of one), so that a bad one is an
-  // error rather than an uncaught std::stoll exception or a model too large to build.
-  const nn::SafetensorsFile file = nn::read_safetensors(load);
+// Parameters of make_model(V, V, N, D, F, h): per layer the encoder's attention, feed-forward and
+// two LayerNorms, the decoder's two attentions, feed-forward and three LayerNorms; then the final
+// norms, the two embeddings and the generator.
+double parameter_count(double N, double D, double F) {
+  return N * (12 * D * D + 4 * D * F + 24 * D + 2 * F) + 4 * D + 3 * V * D + V;
+}
+
+// Bytes a training run needs, estimated from the flags before anything is allocated: the
+// parameters five times (gradients, Adam's two moments, the update's temporaries), the two
+// positional tables (5000 x d_model), one step's activations per token (10 tokens a sequence;
+// coefficients measured on configs from d_model 16 to 2048, within about 20%) and an epoch's
+// batches.
+double training_bytes(const Config& c) {
+  const double N = c.layers, D = c.d_model, F = c.d_ff, h = c.heads, L = 10;
+  const double per_token = N * (20 * D + 6 * F + 11 * h * L) + 12 * D + 10 * V;
+  const double data = static_cast<double>(std::max(c.batches, c.eval_batches)) * c.batch * 400;
+  return 4 * (5 * parameter_count(N, D, F) + 2 * 5000 * D +
+              per_token * static_cast<double>(c.batch) * L) +
+         data;
+}
+
+// The model's configuration from the checkpoint's metadata, the flags where a key is missing. The
+// file may come from anywhere: each value must be a whole integer from 1 to what the file implies
+// (layers: its tensor count; widths and heads: its widest dim) and the model must fit in memory,
+// all before anything is built ("layers": "100000000" built layers for 20 s and 3 GB before the
+// tensors were compared; "abc" escaped as std::invalid_argument).
+Config config_from_metadata(const nn::SafetensorsFile& file, Config c, const std::string& path) {
   int64_t widest = 0;
   for (const auto& [name, t] : file.tensors)
     for (const int64_t s : t.shape()) widest = std::max(widest, s);
-  const auto meta = [&](const char* key, int64_t fallback, int64_t limit) {
+  const auto read = [&](const char* key, int64_t& value, int64_t limit) {
     const auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) return fallback;
+    if (it == file.metadata.end()) return;
     const std::string& text = it->second;
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size() || v <= 0 || v > limit)
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || value < 1 || value > limit)
       throw Error(fmt::format("--load '{}': metadata {} = '{:.40}' is not an integer in 1 .. {}",
-                              load, key, text, limit));
-    return v;
+                              path, key, text, limit));
   };
-  auto model = nn::make_model(V, V, meta("layers", flags.layers, ssize(file.tensors)),
-                              meta("d_model", flags.d_model, widest),
-                              meta("d_ff", flags.d_ff, widest), meta("heads", flags.heads, widest));
+  const auto tensors = static_cast<int64_t>(file.tensors.size());
+  int64_t vocab = V;
+  read("vocab", vocab, widest);
+  EMBER_CHECK(vocab == V, "--load '{}': metadata vocab = {}, but the copy task's is {}", path,
+              vocab, V);
+  read("layers", c.layers, tensors);
+  read("d_model", c.d_model, widest);
+  read("d_ff", c.d_ff, widest);
+  read("heads", c.heads, widest);
+  EMBER_CHECK(c.d_model % c.heads == 0, "--load '{}': d_model {} is not a multiple of heads {}",
+              path, c.d_model, c.heads);
+  program::check_memory<Error>(
+      4 * (parameter_count(c.layers, c.d_model, c.d_ff) + 2 * 5000.0 * c.d_model),
+      fmt::format("--load '{}': a model of {} layers, d_model {}, d_ff {}", path, c.layers,
+                  c.d_model, c.d_ff));
+  return c;
+}
+
+int decode_only(const std::string& load, const std::string& decode, const Config& flags) {
+  // Rebuild the saved model from its metadata (flags as fallback), then load its weights.
+  // The file may come from anywhere: config_from_metadata checks every value before a layer is
+  // built.
+  const nn::SafetensorsFile file = nn::read_safetensors(load);
+  const Config c = config_from_metadata(file, flags, load);
+  auto model = nn::make_model(V, V, c.layers, c.d_model, c.d_ff, c.heads);
   nn::load(*model, load);
   model->eval();
   const std::vector<int64_t> tokens =
@@ -248,53 +290,10 @@ int decode_only(const std::string& load, const std::string& decode, const Config
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Config c;
-  std::string out = "out/transformer_copy", load, decode;
-  CLI::App app{"The Annotated Transformer's copy task: train, decode, draw attention"};
-  app.add_option("--layers", c.layers, "encoder and decoder layers (N)")->check(kPositive);
-  app.add_option("--d-model", c.d_model, "model width")->check(kPositive);
-  app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(kPositive);
-  app.add_option("--heads", c.heads, "attention heads (h)")->check(kPositive);
-  app.add_option("--dropout", c.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--batch", c.batch, "sequences per batch")->check(kPositive);
-  app.add_option("--batches", c.batches, "training batches per epoch")->check(kPositive);
-  app.add_option("--eval-batches", c.eval_batches, "evaluation batches per epoch")
-      ->check(kPositive);
-  app.add_option("--epochs", c.epochs, "epochs")->check(kNonNegative);
-  app.add_option("--warmup", c.warmup, "warmup steps of the rate schedule")->check(kPositive);
-  app.add_option("--lr", c.lr, "base learning rate (times rate(step))")->check(kPositive);
-  app.add_option("--seed", c.seed, "random seed");
-  app.add_option("--threads", c.threads, "threads for OpenMP and OpenBLAS (0: all cores)")
-      ->check(kNonNegative);
-  app.add_option("--log-every", c.log_every, "steps between progress lines")->check(kPositive);
-  app.add_option("--out", out, "output directory");
-  app.add_option("--load", load, "decode with this saved model instead of training")
-      ->check(CLI::ExistingFile);
-  app.add_option("--decode", decode, "tokens to decode, e.g. \"1 5 2 7\" (needs --load)")
-      ->needs("--load");
-  try {
-    app.parse(argc, argv);
-    if (c.d_model % c.heads != 0)
-      throw CLI::ValidationError(
-          "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
-    if (!decode.empty()) parse_tokens(decode);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // prints help, or the error and a hint
-    return code == 0 ? 0 : 2;
-  }
-  set_num_threads(c.threads);
-  manual_seed(c.seed);
-  try {
-    if (!load.empty()) return decode_only(load, decode, c);
-  } catch (const Error& e) {
-    fmt::print(stderr, "transformer_copy: {}\n", e.what());
-    return 1;
-  }
+// Trains the copy task with config c, decodes, and writes everything into out.
+int train(const Config& c, const std::string& out) {
   const auto run_start = Clock::now();
-  std::filesystem::create_directories(out);
+  program::prepare_out_dir(out, {"model.safetensors", "metrics.json", "loss.svg"});
 
   // Train the simple copy task.
   nn::LabelSmoothing criterion(V, /*padding_idx=*/0, /*smoothing=*/0.0);
@@ -305,6 +304,7 @@ int main(int argc, char** argv) {
   optim::LambdaLR lr_scheduler(
       optimizer, [&](int64_t step) { return optim::rate(step, d_model, 1.0, c.warmup); });
   copy_task::SimpleLossCompute loss_compute(*model->generator, criterion);
+  program::NonfiniteGuard guard(c.on_nonfinite, model->parameters());
 
   fmt::print(
       "copy task: V={} N={} d_model={} d_ff={} h={} dropout={} | {} epochs x {} batches "
@@ -322,14 +322,18 @@ int main(int argc, char** argv) {
   animator.autosave(out + "/loss.svg");
   std::vector<double> train_losses, eval_losses;
   for (int64_t epoch = 0; epoch < c.epochs; ++epoch) {
+    state.epoch = epoch + 1;
     model->train();
     const double train_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.batches), *model, loss_compute, &optimizer,
-                  &lr_scheduler, state, progress, c.log_every);
+                  &lr_scheduler, state, progress, c.log_every, guard);
+    guard.check_loss(train_loss, fmt::format("the training loss of epoch {}", epoch + 1));
+    guard.check_parameters(fmt::format("after epoch {}", epoch + 1));
     model->eval();
     const double eval_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.eval_batches), *model, loss_compute, nullptr,
-                  nullptr, state, progress, c.log_every);
+                  nullptr, state, progress, c.log_every, guard);
+    guard.check_loss(eval_loss, fmt::format("the evaluation loss of epoch {}", epoch + 1));
     train_losses.push_back(train_loss);
     eval_losses.push_back(eval_loss);
     animator.add(static_cast<double>(epoch + 1), {train_loss, eval_loss});
@@ -351,6 +355,7 @@ int main(int argc, char** argv) {
   const double accuracy = exact_copy_accuracy(*model, 200);
   fmt::print("exact-copy accuracy over 200 fresh sequences: {:.3f}\n", accuracy);
 
+  guard.check_parameters("before saving");
   nn::write_safetensors(out + "/model.safetensors", model->state_dict(), model_metadata(c));
   animator.save(out + "/loss.svg");
   draw_attention(*model, source, decoded, out);
@@ -374,7 +379,9 @@ int main(int argc, char** argv) {
         {"eps", 1e-9},
         {"smoothing", 0.0},
         {"seed", c.seed},
-        {"threads", get_num_threads()}}},
+        {"threads", get_num_threads()},
+        {"on_nonfinite", c.on_nonfinite == program::OnNonfinite::kStop ? "stop" : "skip"}}},
+      {"skipped_steps", guard.skipped()},
       {"train_loss", train_losses},
       {"eval_loss", eval_losses},
       {"decoded", decoded},
@@ -389,8 +396,53 @@ int main(int argc, char** argv) {
          getrusage(RUSAGE_SELF, &usage);
          return static_cast<double>(usage.ru_maxrss) / 1024;
        }()}};
-  std::ofstream(out + "/metrics.json") << metrics.dump(2) << "\n";
+  program::write_text(out + "/metrics.json", metrics.dump(2) + "\n");
   fmt::print("wrote {}/{{metrics.json, model.safetensors, loss.svg, attn_*.svg}} in {}\n", out,
              format_duration(total_seconds));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  std::string out = "out/transformer_copy", load, decode;
+  CLI::App app{"The Annotated Transformer's copy task: train, decode, draw attention"};
+  const CLI::Validator positive = program::count(1);
+  app.add_option("--layers", c.layers, "encoder and decoder layers (N)")->check(positive);
+  app.add_option("--d-model", c.d_model, "model width")->check(positive);
+  app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(positive);
+  app.add_option("--heads", c.heads, "attention heads (h)")->check(positive);
+  app.add_option("--dropout", c.dropout, "dropout probability")->check(program::finite_in(0, 0.99));
+  app.add_option("--batch", c.batch, "sequences per batch")->check(positive);
+  app.add_option("--batches", c.batches, "training batches per epoch")->check(positive);
+  app.add_option("--eval-batches", c.eval_batches, "evaluation batches per epoch")->check(positive);
+  app.add_option("--epochs", c.epochs, "epochs")->check(program::count(0));
+  app.add_option("--warmup", c.warmup, "warmup steps of the rate schedule")->check(positive);
+  app.add_option("--lr", c.lr, "base learning rate (times rate(step))")->check(program::positive());
+  program::add_on_nonfinite_option(app, c.on_nonfinite);
+  app.add_option("--seed", c.seed, "random seed");
+  program::add_threads_option(app, c.threads);
+  app.add_option("--log-every", c.log_every, "steps between progress lines")->check(positive);
+  app.add_option("--out", out, "output directory");
+  app.add_option("--load", load, "decode with this saved model instead of training")
+      ->check(CLI::ExistingFile);
+  app.add_option(
+         "--decode", decode,
+         fmt::format("tokens to decode, e.g. \"1 5 2 7\" (needs --load; at most {})", kMaxDecode))
+      ->needs("--load");
+  return program::run("transformer_copy", app, argc, argv, [&] {
+    if (c.d_model % c.heads != 0)
+      throw CLI::ValidationError(
+          "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
+    if (!decode.empty()) parse_tokens(decode);
+    set_num_threads(c.threads);
+    manual_seed(c.seed);
+    if (!load.empty()) return decode_only(load, decode, c);
+    program::check_memory(
+        training_bytes(c),
+        fmt::format("training with --layers {} --d-model {} --d-ff {} --heads {} --batch {}",
+                    c.layers, c.d_model, c.d_ff, c.heads, c.batch));
+    return train(c, out);
+  });
 }

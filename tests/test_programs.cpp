@@ -1,0 +1,233 @@
+// The example programs on bad input (issues 19 and 21): each bad flag, output directory or
+// checkpoint runs the built program as a child process under `timeout 20`, which must exit with
+// status 1 or 2 (not a signal, not an uncaught exception, not 0) and print exactly one line on
+// stderr, `<program>: <message>`, naming the problem. Training that diverges stops with an error
+// and leaves a good model from an earlier run unchanged.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "helpers.h"
+
+using namespace ember;
+using ember::testing::read_text;
+namespace fs = std::filesystem;
+
+#ifdef EMBER_EXAMPLES_DIR
+namespace {
+
+// A transformer_copy config that trains in a fraction of a second.
+const std::string kTiny =
+    "--layers 1 --d-model 16 --d-ff 32 --heads 2 --batch 8 --batches 2 --eval-batches 1 "
+    "--epochs 1 --threads 1";
+
+// A scratch directory for one test case, removed at the end.
+struct Scratch {
+  Scratch() : dir(fs::temp_directory_path() / fmt::format("ember_test_programs_{}", ::getpid())) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::permissions(dir / "readonly", fs::perms::owner_all, ec);
+    fs::remove_all(dir, ec);
+  }
+  std::string operator/(const std::string& name) const { return (dir / name).string(); }
+  fs::path dir;
+};
+
+struct Run {
+  int status;  // the exit status; -1 when the shell itself was killed by a signal
+  std::string out, err;
+};
+
+// `program args` under `timeout 20`, stdout and stderr to files in scratch. A program killed by a
+// signal shows as status 128 + signal, a timeout as 124.
+Run run(const Scratch& scratch, const std::string& program, const std::string& args) {
+  const std::string out = scratch / "stdout", err = scratch / "stderr";
+  const std::string cmd = fmt::format("timeout 20 '{}/{}' {} > '{}' 2> '{}'", EMBER_EXAMPLES_DIR,
+                                      program, args, out, err);
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+}
+
+// The run failed as the rule says: status 1 or 2, one line on stderr naming the program and
+// containing `needle`.
+void expect_one_line_failure(const Run& r, const std::string& program, const std::string& needle) {
+  BOOST_TEST((r.status == 1 || r.status == 2), "exit status " << r.status << ", stderr: " << r.err);
+  BOOST_TEST(std::count(r.err.begin(), r.err.end(), '\n') == 1, "stderr: " << r.err);
+  BOOST_TEST(r.err.starts_with(program + ": "), "stderr: " << r.err);
+  BOOST_TEST(r.err.find(needle) != std::string::npos, "stderr lacks '" << needle << "': " << r.err);
+}
+
+struct BadRun {
+  std::string program, args, needle;
+};
+
+void expect_failures(const Scratch& scratch, const std::vector<BadRun>& cases) {
+  for (const BadRun& c : cases) {
+    BOOST_TEST_CONTEXT(c.program << " " << c.args) {
+      expect_one_line_failure(run(scratch, c.program, c.args), c.program, c.needle);
+    }
+  }
+}
+
+// A transformer_copy checkpoint of the tiny model with the given metadata; `wide` adds an empty
+// tensor of shape [1000000, 0], whose dim lets the metadata claim widths up to a million.
+void write_checkpoint(const std::string& path, const std::map<std::string, std::string>& meta,
+                      bool wide = false) {
+  auto model = nn::make_model(11, 11, 1, 16, 32, 2);
+  nn::NamedTensors tensors = model->state_dict();
+  if (wide) tensors.emplace_back("wide", zeros({1000000, 0}));
+  nn::write_safetensors(path, tensors, meta);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(test_programs)
+
+BOOST_AUTO_TEST_CASE(bad_output_directories) {
+  Scratch s;
+  std::ofstream(s / "file") << "not a directory\n";
+  fs::create_directories(s / "dir/model.safetensors");
+  std::vector<BadRun> cases;
+  for (const char* p : {"mlp_regression", "nw_regression", "transformer_copy"}) {
+    const std::string program = p;
+    const std::string flags = program == "transformer_copy" ? kTiny : "--epochs 1 --threads 1";
+    cases.push_back({program, fmt::format("{} --out '{}'", flags, s / "file"), "Not a directory"});
+    cases.push_back({program, fmt::format("{} --out '{}'", flags, s / "file/sub"), "--out"});
+    cases.push_back({program, flags + " --out ''", "empty path"});
+    cases.push_back({program, flags + " --out /proc/ember_no_such_dir/out", "cannot create"});
+    if (::geteuid() != 0) {  // root writes into a read-only directory all the same
+      fs::create_directories(s / "readonly");
+      fs::permissions(s / "readonly", fs::perms::owner_read | fs::perms::owner_exec);
+      cases.push_back(
+          {program, fmt::format("{} --out '{}'", flags, s / "readonly"), "not writable"});
+    }
+  }
+  for (const char* p : {"mlp_regression", "transformer_copy"}) {
+    const std::string program = p;
+    const std::string flags = program == "transformer_copy" ? kTiny : "--epochs 1 --threads 1";
+    cases.push_back({program, fmt::format("{} --out '{}'", flags, s / "dir"),
+                     "model.safetensors' is a directory"});
+  }
+  expect_failures(s, cases);
+}
+
+BOOST_AUTO_TEST_CASE(bad_numbers_and_sizes) {
+  Scratch s;
+  const std::string out = "--out '" + s / "out" + "'";
+  std::vector<BadRun> cases;
+  for (const char* p : {"mlp_regression", "nw_regression", "transformer_copy"}) {
+    const std::string program = p;
+    for (const char* lr : {"inf", "nan", "-1", "0", "abc"})
+      cases.push_back({program, fmt::format("--lr {} {}", lr, out), "--lr"});
+    cases.push_back({program, "--threads 100000 " + out, "--threads"});
+    cases.push_back({program, "--threads -1 " + out, "--threads"});
+    cases.push_back({program, "--on-nonfinite maybe " + out, "--on-nonfinite"});
+    cases.push_back({program, "--no-such-flag " + out, "no-such-flag"});
+  }
+  const std::string t = "transformer_copy";
+  for (const char* dropout : {"nan", "inf", "1", "-0.1"})
+    cases.push_back({t, fmt::format("--dropout {} {}", dropout, out), "--dropout"});
+  cases.push_back({t, "--d-model 1000000 " + out, "memory"});
+  cases.push_back({t, "--batch 1e11 " + out, "--batch"});
+  cases.push_back({t, "--batch 100000000000 " + out, "--batch"});
+  cases.push_back({t, "--batch 100000000 " + out, "memory"});
+  cases.push_back({t, "--layers 100000000 " + out, "memory"});
+  cases.push_back({t, "--d-model 30 --heads 4 " + out, "multiple"});
+  cases.push_back({t, "--epochs -1 " + out, "--epochs"});
+  cases.push_back({"nw_regression", "--n-train 100000 " + out, "memory"});
+  cases.push_back({"nw_regression", "--n-train 1 " + out, "--n-train"});
+  expect_failures(s, cases);
+  BOOST_TEST(!fs::exists(s / "out"), "a refused run created its output directory");
+}
+
+// Each trainer at --lr 1e300, after a good run into the same directory: exit 1 with one line, and
+// the good model (nw_regression: its metrics) left as it was.
+BOOST_AUTO_TEST_CASE(divergence_stops_and_keeps_the_good_model) {
+  Scratch s;
+  const std::string out = "--out '" + s / "out" + "'";
+  struct Trainer {
+    std::string program, flags, file;
+  };
+  for (const Trainer& t :
+       {Trainer{"mlp_regression", "--epochs 5 --threads 1", "model.safetensors"},
+        Trainer{"nw_regression", "--n-train 12 --epochs 5 --threads 1", "metrics.json"},
+        Trainer{"transformer_copy", kTiny, "model.safetensors"}}) {
+    BOOST_TEST_CONTEXT(t.program) {
+      const Run good = run(s, t.program, t.flags + " " + out);
+      BOOST_TEST_REQUIRE(good.status == 0, good.err);
+      BOOST_TEST(good.err.empty(), good.err);
+      const std::string saved = read_text(s / "out/" + t.file);
+      for (const char* mode : {"stop", "skip"}) {
+        const Run bad = run(s, t.program,
+                            fmt::format("{} --lr 1e300 --on-nonfinite {} {}", t.flags, mode, out));
+        BOOST_TEST(bad.status == 1);
+        expect_one_line_failure(bad, t.program, "diverged");
+        BOOST_TEST(read_text(s / "out/" + t.file) == saved, mode << ": " << t.file << " changed");
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_checkpoints_and_decodes) {
+  Scratch s;
+  const std::string t = "transformer_copy";
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"vocab", "11"},
+                                                   {"layers", "1"},  {"d_model", "16"},
+                                                   {"d_ff", "32"},   {"heads", "2"}};
+  write_checkpoint(s / "good.safetensors", meta);
+  BOOST_TEST_REQUIRE(run(s, t, "--load '" + s / "good.safetensors" + "'").status == 0);
+
+  const std::string good = read_text(s / "good.safetensors");
+  std::ofstream(s / "truncated.safetensors", std::ios::binary) << good.substr(0, good.size() / 2);
+  std::ofstream(s / "garbage.safetensors", std::ios::binary)
+      << std::string("\x10\0\0\0\0\0\0\0{not json at all", 24);
+  std::ofstream(s / "empty.safetensors", std::ios::binary);
+  std::vector<BadRun> cases;
+  for (const char* name : {"truncated", "garbage", "empty"})
+    cases.push_back({t, fmt::format("--load '{}'", s / (std::string(name) + ".safetensors")),
+                     "read_safetensors"});
+  cases.push_back({t, "--load '" + s.dir.string() + "'", "--load"});
+  cases.push_back({t, "--load '" + s / "missing.safetensors" + "'", "--load"});
+
+  // Metadata values must be whole integers within what the file implies, and the model must fit
+  // in memory, before it is built ("layers": "100000000" used to build layers for 20 s and 3 GB).
+  int written = 0;
+  const auto with = [&](const std::string& key, const std::string& value, bool wide = false) {
+    std::map<std::string, std::string> m = meta;
+    m[key] = value;
+    const std::string path = s / fmt::format("meta_{}.safetensors", ++written);
+    write_checkpoint(path, m, wide);
+    return "--load '" + path + "'";
+  };
+  cases.push_back({t, with("layers", "abc"), "layers"});
+  cases.push_back({t, with("layers", "2x"), "layers"});
+  cases.push_back({t, with("layers", ""), "layers"});
+  cases.push_back({t, with("layers", "-1"), "layers"});
+  cases.push_back({t, with("layers", "99999999999999999999"), "layers"});
+  cases.push_back({t, with("layers", "100000000"), "layers = '100000000' is not an integer"});
+  cases.push_back({t, with("d_model", "1000000"), "d_model"});
+  cases.push_back({t, with("d_model", "1000000", true), "memory"});
+  cases.push_back({t, with("heads", "3"), "multiple"});
+  cases.push_back({t, with("vocab", "12"), "vocab"});
+  cases.push_back({t, with("layers", "2"), "load"});  // the tensors of layer 2 are missing
+
+  // --decode: tokens in the vocabulary, at most 256 of them (5,000 ran for minutes).
+  std::string long_decode;
+  for (int i = 0; i < 5000; ++i) long_decode += i == 0 ? "1" : " 1";
+  const std::string load = "--load '" + s / "good.safetensors" + "' ";
+  cases.push_back({t, load + "--decode \"" + long_decode + "\"", "--decode"});
+  cases.push_back({t, load + "--decode \"1 11\"", "outside the vocabulary"});
+  cases.push_back({t, load + "--decode \"1 x\"", "not a token"});
+  expect_failures(s, cases);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+#endif
