@@ -5,9 +5,11 @@
 //   h % 20 == 0 -> test, h % 20 == 1 -> dev, else train.
 // On Debian's pocketsphinx-en-us dictionary that is 125,945 words: 113,281 train / 6,340 dev /
 // 6,324 test. Graphemes are the word's characters (UTF-8 code points), phonemes its
-// space-separated symbols. Shared by examples/g2p.cpp and tests/test_g2p.cpp.
+// space-separated symbols. Also the metrics: WER and PER against every reference pronunciation.
+// Shared by examples/g2p.cpp and tests/test_g2p.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -132,5 +134,53 @@ inline CmuDict read_cmudict(const std::string& path) {
   EMBER_CHECK(dict.lines > 0, "cmudict: {} holds no entries", path);
   return dict;
 }
+
+}  // namespace g2p
+
+namespace g2p {
+
+// Levenshtein distance between two token sequences (unit costs).
+inline int64_t edit_distance(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  std::vector<int64_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int64_t>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int64_t diagonal = row[0];
+    row[0] = static_cast<int64_t>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int64_t up = row[j];
+      row[j] = std::min({up + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// WER and PER over words, as issue 14 defines them: a word is wrong when its prediction matches
+// none of its reference pronunciations; PER sums the edit distance to the closest reference
+// (the shorter one on a tie) over the summed length of those references.
+struct ErrorRates {
+  int64_t words = 0, wrong = 0, edits = 0, reference_phonemes = 0;
+  void add(const std::vector<int64_t>& prediction,
+           const std::vector<std::vector<int64_t>>& references) {
+    int64_t best = -1, best_len = 0;
+    for (const auto& r : references) {
+      const int64_t d = edit_distance(prediction, r);
+      const auto len = static_cast<int64_t>(r.size());
+      if (best < 0 || d < best || (d == best && len < best_len)) {
+        best = d;
+        best_len = len;
+      }
+    }
+    ++words;
+    wrong += best != 0;
+    edits += best;
+    reference_phonemes += best_len;
+  }
+  double wer() const { return words ? static_cast<double>(wrong) / static_cast<double>(words) : 0; }
+  double per() const {
+    return reference_phonemes ? static_cast<double>(edits) / static_cast<double>(reference_phonemes)
+                              : 0;
+  }
+};
 
 }  // namespace g2p

@@ -1,6 +1,10 @@
 // The grapheme-to-phoneme task's pieces (examples/g2p_task.h): FNV-1a and the fixed split, the
 // CMUdict reader on the real dictionary (skipped when pocketsphinx-en-us is not installed; make
-// deps installs it) and its errors.
+// deps installs it) and its errors, WER and PER, and a short run of examples/g2p: training on
+// a slice (the loss falls), the metrics file, predictions, and the --load --predict mode.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -88,5 +92,71 @@ BOOST_AUTO_TEST_CASE(the_real_dictionary_splits_as_the_issue_says) {
   for (const g2p::Entry& e : dict.test)
     BOOST_TEST_REQUIRE((g2p::split_of(e.word) == g2p::Split::Test));
 }
+
+BOOST_AUTO_TEST_CASE(wer_and_per_against_every_reference) {
+  BOOST_TEST(g2p::edit_distance({1, 2, 3}, {1, 3}) == 1);
+  BOOST_TEST(g2p::edit_distance({}, {4, 5}) == 2);
+  BOOST_TEST(g2p::edit_distance({1, 2}, {2, 1}) == 2);
+  g2p::ErrorRates rates;
+  rates.add({5, 6, 7}, {{5, 6, 8}, {5, 6, 7}});  // matches the second: right, 0 edits of 3
+  rates.add({5, 6}, {{5, 6, 8, 9}, {5, 7}});     // closest is {5, 7}: 1 edit of 2
+  BOOST_TEST(rates.wer() == 0.5);
+  BOOST_TEST(rates.per() == 1.0 / 5.0);
+}
+
+#ifdef EMBER_G2P
+// Runs `g2p args` with stdout and stderr to files in dir; returns the exit status.
+int run_g2p(const std::string& args, const std::filesystem::path& dir) {
+  const std::string cmd = fmt::format("'{}' {} > '{}' 2> '{}'", EMBER_G2P, args,
+                                      (dir / "stdout").string(), (dir / "stderr").string());
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+BOOST_AUTO_TEST_CASE(example_trains_on_a_slice_and_predicts) {
+  if (!std::filesystem::exists(g2p::kDefaultDict)) {
+    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
+    return;
+  }
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("ember_g2p_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "out").string();
+  const int trained =
+      run_g2p(fmt::format("--limit 3000 --eval-limit 100 --epochs 6 --layers 1 --d-model 64 "
+                          "--d-ff 128 --heads 2 --batch-tokens 2000 --warmup 200 --beam 3 "
+                          "--threads 2 --out '{}'",
+                          out),
+              dir);
+  BOOST_TEST_REQUIRE(trained == 0, read_text(dir / "stderr"));
+  const auto metrics = nlohmann::json::parse(read_text(dir / "out/metrics.json"));
+  const auto loss = metrics.at("train_loss").get<std::vector<double>>();
+  BOOST_TEST_REQUIRE(loss.size() >= 3u);
+  BOOST_TEST(loss.back() < 0.7 * loss.front());
+  BOOST_TEST(metrics.at("split_sizes").at("train").get<int64_t>() == 113281);
+  BOOST_TEST(metrics.at("dev_wer").size() == loss.size());
+  for (const char* key : {"test_wer", "test_per", "test_wer_greedy", "test_wer_beam"}) {
+    const double v = metrics.at(key).get<double>();
+    BOOST_TEST((v >= 0 && v <= 1.5), key << " = " << v);
+  }
+  BOOST_TEST(metrics.at("test_per_beam").get<double>() < 0.9);  // it learned something
+  const std::string predictions = read_text(dir / "out/predictions.tsv");
+  BOOST_TEST(std::count(predictions.begin(), predictions.end(), '\n') == 100);
+  for (const char* file :
+       {"model.safetensors", "graphemes.txt", "phonemes.txt", "loss.svg", "attn_src_1.svg"})
+    BOOST_TEST(std::filesystem::exists(dir / "out" / file), file);
+
+  const int predicted = run_g2p(fmt::format("--load '{}' --predict hello 'wor1d'", out), dir);
+  BOOST_TEST_REQUIRE(predicted == 0, read_text(dir / "stderr"));
+  const std::string said = read_text(dir / "stdout");
+  BOOST_TEST(said.starts_with("hello\t"));
+  BOOST_TEST(std::count(said.begin(), said.end(), '\n') == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("'1' in 'wor1d'") != std::string::npos);
+  BOOST_TEST(run_g2p(fmt::format("--load '{}' --predict ' '", out), dir) == 1);
+  BOOST_TEST(read_text(dir / "stderr").find("empty word") != std::string::npos);
+  BOOST_TEST(run_g2p("--data /nonexistent.dict", dir) == 1);
+  BOOST_TEST(read_text(dir / "stderr").find("pocketsphinx-en-us") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()
