@@ -303,9 +303,16 @@ BOOST_AUTO_TEST_CASE(dropout_identity_backward_errors) {
       },
       {x.detach().clone().requires_grad_()}, "dropout");
   expect_error([&] { dropout(x, 1.5, true); },
-               {"dropout: probability has to be in [0, 1), got 1.5"});
+               {"dropout: probability has to be in [0, 1], got 1.5"});
   expect_error([&] { dropout(x, -0.1, false); }, {"dropout", "-0.1"});
-  expect_error([&] { dropout(x, 1.0, true); }, {"dropout", "got 1"});
+  // p = 1 drops everything, as torch: zeros, and a zero gradient.
+  const Tensor all = x.detach().clone().requires_grad_();
+  const Tensor dropped = dropout(all, 1.0, true);
+  BOOST_TEST((dropped.to_vector<double>() == std::vector<double>(x.numel(), 0.0)));
+  dropped.sum().backward();
+  BOOST_TEST((all.grad().to_vector<double>() == std::vector<double>(x.numel(), 0.0)));
+  nn::Dropout drop_all(1.0);
+  BOOST_TEST((drop_all(ones({3})).to_vector<float>() == std::vector<float>(3, 0.0f)));
   expect_error([&] { dropout(zeros({2}, kInt64), 0.5, true); }, {"dropout", "Int64"});
 }
 
