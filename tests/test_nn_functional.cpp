@@ -3,7 +3,7 @@
 // cases; then extreme inputs, the parallel paths, dropout's masks, and every error message.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -107,6 +107,7 @@ BOOST_AUTO_TEST_SUITE(test_nn_functional)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
 
 // --- softmax / log_softmax
 
