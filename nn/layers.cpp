@@ -12,10 +12,11 @@
 namespace ember::nn {
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias) : in_features(in), out_features(out) {
-  EMBER_CHECK(in > 0 && out > 0, "Linear: in_features {} and out_features {} must be positive", in,
-              out);
-  // torch: kaiming_uniform_(a=sqrt(5)) for the weight, which is U(-1/sqrt(in), 1/sqrt(in)).
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  EMBER_CHECK(in >= 0 && out >= 0,
+              "Linear: in_features {} and out_features {} must be non-negative", in, out);
+  // torch: kaiming_uniform_(a=sqrt(5)) for the weight, which is U(-1/sqrt(in), 1/sqrt(in)), and
+  // the bias in the same bound, 0 when in is 0 (no input features: a constant bias of 0).
+  const double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
   register_parameter("weight", weight, empty({out, in}));
   init::uniform_(weight, -bound, bound);
   if (with_bias) {

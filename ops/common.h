@@ -44,6 +44,14 @@ inline DType same_floating_type(const Tensor& a, const Tensor& b, std::string_vi
   return t;
 }
 
+// a · b for a size, or an error naming `op` when it overflows an int64 (Note [Checked sizes]:
+// a wrapped product would describe a smaller tensor than the kernel then writes).
+inline int64_t size_product(int64_t a, int64_t b, std::string_view op) {
+  int64_t p = 0;
+  EMBER_CHECK(!__builtin_mul_overflow(a, b, &p), "{}: size {} * {} overflows an int64", op, a, b);
+  return p;
+}
+
 // --- dtype conversions: the tensor itself when no conversion is needed
 
 inline Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }

@@ -73,7 +73,7 @@ Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
   Shape out_shape(nd), tiled(2 * nd), src_shape(2 * nd, 1), src_strides(2 * nd, 0);
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t s = d < lead ? 1 : x.size(d - lead);
-    out_shape[d] = repeats[d] * s;
+    out_shape[d] = size_product(repeats[d], s, op);
     tiled[2 * d] = repeats[d];
     tiled[2 * d + 1] = src_shape[2 * d + 1] = s;
     src_strides[2 * d + 1] = d < lead ? 0 : x.stride(d - lead);
@@ -133,7 +133,7 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   const int64_t d = wrap_dim(dim, x.dim(), op);
   // out (..., n*r, ...) is written as (..., n, r, ...) from x viewed as (..., n, 1, ...).
   Shape out_shape = x.shape(), split = x.shape(), src_shape = x.shape(), src_strides = x.strides();
-  out_shape[d] *= repeats;
+  out_shape[d] = size_product(out_shape[d], repeats, op);
   split.insert(split.begin() + d + 1, repeats);
   src_shape.insert(src_shape.begin() + d + 1, 1);
   src_strides.insert(src_strides.begin() + d + 1, 0);

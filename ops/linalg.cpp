@@ -27,7 +27,8 @@ namespace {
 //  - Trans with ld = cs when rs == 1 and cs >= rows: the transpose of a row-major (cols, rows)
 //    matrix, which is what transpose(x, -1, -2) of a contiguous x is;
 //  - neither otherwise (a stride-0 expanded dim, a strided column): only then it is copied.
-// The stride of a size-1 dim is never read, so it constrains nothing.
+// The stride of a size-1 dim is never read, so it constrains nothing; nor do any strides of an
+// empty matrix (its products take the plain loop, BLAS rejects an ld of 0).
 struct BlasLayout {
   CBLAS_TRANSPOSE trans;
   int64_t ld;
@@ -35,6 +36,7 @@ struct BlasLayout {
 
 std::optional<BlasLayout> blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   const int64_t r = std::max<int64_t>(rows, 1), c = std::max<int64_t>(cols, 1);
+  if (rows == 0 || cols == 0) return BlasLayout{CblasNoTrans, c};  // no element: never read
   if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= c))
     return BlasLayout{CblasNoTrans, rows <= 1 ? c : rs};
   if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r))
@@ -234,6 +236,10 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
 // x (..., c) as a 2-D (N, c) view when its leading dims fold into one dim of rows.
 std::optional<Tensor> fold_rows(const Tensor& x) {
   const int64_t c = x.size(-1);
+  if (x.numel() == 0) {  // no element to reach: any strides do
+    const Shape shape{shape_numel(Shape(x.shape().begin(), x.shape().end() - 1)), c};
+    return make_view(x, shape, contiguous_strides(shape), x.storage_offset());
+  }
   int64_t rows = 1, row_stride = c, next = -1;  // next: the stride the next outer dim must have
   for (int64_t d = x.dim() - 2; d >= 0; --d) {
     if (x.size(d) == 1) continue;

@@ -224,6 +224,7 @@ struct SoftmaxBackward final : Node {
     const Tensor g = grads[0].contiguous();
     const Tensor& y = y_.get();
     Tensor grad_x = empty(y.shape(), y.dtype());
+    if (y.numel() == 0) return {grad_x};
     const Rows rows = rows_along(y, dim_);
     dispatch_float(y.dtype(), name(), [&]<class T>() {
       const T *pg = g.data<T>(), *py = y.data<T>();
@@ -251,9 +252,10 @@ Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
   const int64_t d = wrap_dim(dim, x.dim(), op);
   check_floating(x, op);
   Tensor out = empty(x.shape(), x.dtype());
-  dispatch_float(x.dtype(), op, [&]<class T>() {
-    softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
-  });
+  if (x.numel() > 0)  // rows of 0 elements, or none: no kernel (it divides by the row length)
+    dispatch_float(x.dtype(), op, [&]<class T>() {
+      softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
+    });
   return record<SoftmaxBackward<Log>>(op, out, {x}, d, out);
 }
 
@@ -426,8 +428,12 @@ struct LayerNormBackward final : Node {
     const Tensor& x = x_.get();
     Tensor grad_x, grad_w, grad_b;
     if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype());
-    if (needs_grad(1)) grad_w = empty(input_shapes[1], x.dtype());
-    if (needs_grad(2)) grad_b = empty(input_shapes[2], x.dtype());
+    // No rows (M = 0): the kernel writes no dW, dB; they are sums of nothing.
+    const auto make = [&](const Shape& s) {
+      return M_ == 0 ? zeros(s, x.dtype()) : empty(s, x.dtype());
+    };
+    if (needs_grad(1)) grad_w = make(input_shapes[1]);
+    if (needs_grad(2)) grad_b = make(input_shapes[2]);
     dispatch_float(x.dtype(), op(), [&]<class T>() {
       layer_norm_backward<T>(g.data<T>(), x.data<T>(), data_or_null<T>(weight_.get()),
                              mean_.get().data<T>(), rstd_.get().data<T>(),
@@ -551,9 +557,10 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   constexpr std::string_view op = "dropout";
   profile::Scope scope(op);
   check_defined(x, op);
-  EMBER_CHECK(p >= 0 && p < 1, "{}: probability has to be in [0, 1), got {}", op, p);
+  EMBER_CHECK(p >= 0 && p <= 1, "{}: probability has to be in [0, 1], got {}", op, p);
   if (!training || p == 0) return x;
   check_floating(x, op);
+  if (p == 1) return mul(x, 0.0);  // all dropped, as torch (x * 0: a NaN stays NaN); no 1 / 0
   const DropoutMask mask{random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
   return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op), {x}, mask);
 }

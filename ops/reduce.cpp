@@ -176,7 +176,8 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
   check_floating(x, op);
   const int64_t count = reduced_count(x, reduced_dims(x, dims, op));
   const Tensor centered = sub(x, mean(x, dims, true));
-  const double divisor = static_cast<double>(count) - (unbiased ? 1.0 : 0.0);
+  // As torch, NaN for no elements, and for one element unbiased: 0 / 0 (never 0 / -1 = -0).
+  const double divisor = std::max(static_cast<double>(count) - (unbiased ? 1.0 : 0.0), 0.0);
   return div(sum(mul(centered, centered), dims, keepdim), divisor);
 }
 
@@ -255,10 +256,8 @@ struct MaxBackward final : Node {
   SavedTensor indices_;
 };
 
-}  // namespace
-
-MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
-  constexpr std::string_view op = "max";
+// max along a dim for `op` (max or argmax, whose errors name it).
+MaxResult max_along(const Tensor& x, int64_t dim, bool keepdim, std::string_view op) {
   profile::Scope scope(op);
   check_defined(x, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
@@ -277,16 +276,19 @@ MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
     values = make_view(values, squeezed, contiguous_strides(squeezed), 0);
     indices = make_view(indices, squeezed, contiguous_strides(squeezed), 0);
   }
-  record<MaxBackward>(op, {&values}, {x}, d, indices);
+  record<MaxBackward>("max", {&values}, {x}, d, indices);
   return {values, indices};
 }
 
+}  // namespace
+
+MaxResult max(const Tensor& x, int64_t dim, bool keepdim) {
+  return max_along(x, dim, keepdim, "max");
+}
+
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  constexpr std::string_view op = "argmax";
-  profile::Scope scope(op);
-  check_defined(x, op);
   NoGradGuard no_grad;
-  return max(x, dim, keepdim).indices;
+  return max_along(x, dim, keepdim, "argmax").indices;
 }
 
 namespace {

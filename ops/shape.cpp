@@ -25,7 +25,8 @@ Shape infer_shape(Shape shape, int64_t numel, std::string_view op) {
       infer = static_cast<int64_t>(d);
     } else {
       EMBER_CHECK(shape[d] >= 0, "{}: invalid size {} in shape {}", op, shape[d], shape);
-      known *= shape[d];
+      EMBER_CHECK(!__builtin_mul_overflow(known, shape[d], &known),
+                  "{}: shape {} is invalid for input of size {}", op, shape, numel);
     }
   }
   if (infer >= 0) {
@@ -232,7 +233,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   EMBER_CHECK(x.dim() > 0, "{}: cannot narrow a 0-d tensor", op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
   if (start < 0) start += x.size(d);
-  EMBER_CHECK(start >= 0 && length >= 0 && start + length <= x.size(d),
+  EMBER_CHECK(start >= 0 && length >= 0 && start <= x.size(d) && length <= x.size(d) - start,
               "{}: start {} and length {} out of range for dim {} of size {}", op, start, length, d,
               x.size(d));
   return record<NarrowBackward>(op, narrow_view(x, d, start, length), {x}, d, start);

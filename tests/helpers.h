@@ -49,7 +49,8 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
 }
 
 // Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
-// "dtype": "float64"|"int64"|"bool", "data": [...]}}, or {"name": {"text": "..."}}.
+// "dtype": "float64"|"int64"|"bool", "data": [...]}} (NaN as "nan", infinities "inf", "-inf"),
+// or {"name": {"text": "..."}}.
 class Golden {
  public:
   explicit Golden(const std::string& file) {
@@ -63,7 +64,10 @@ class Golden {
     const Shape shape = entry.at("shape").get<Shape>();
     const std::string dtype = entry.value("dtype", "float64");
     if (dtype == "int64") return from_vector(entry.at("data").get<std::vector<int64_t>>(), shape);
-    const auto data = entry.at("data").get<std::vector<double>>();
+    std::vector<double> data;  // NaN and infinities are the strings "nan", "inf", "-inf"
+    for (const auto& v : entry.at("data"))
+      data.push_back(v.is_string() ? std::strtod(v.get<std::string>().c_str(), nullptr)
+                                   : v.get<double>());
     return from_vector(data, shape, dtype == "bool" ? kBool : kFloat64);
   }
   bool contains(const std::string& name) const { return json_.contains(name); }

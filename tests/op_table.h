@@ -7,7 +7,9 @@
 //     and Float32 (loose), and the Float64 input gradients for a saved upstream gradient;
 //   - edge cases every op must pass: an undefined Tensor() as any input throws an ember::Error
 //     naming the op; the same values from non-contiguous copies of the inputs; the output
-//     requires grad exactly when it should; the inputs are left unchanged; the graph is freed.
+//     requires grad exactly when it should; the inputs are left unchanged; the graph is freed;
+//   - edge shapes (tests/edge_shapes.h, check_edge_shapes): each input dim made 0, all dims 1,
+//     on every layout, against PyTorch's result or its error.
 //
 // Adding a row (the op itself lives in ops/) to the family's `const OpTable k…Ops = {…};`:
 //     {"gelu", "F.gelu(a)", {{3, 4}}, {}, [](auto& v) { return gelu(v[0]); }},
@@ -25,7 +27,8 @@
 //            kNoGradcheck where finite differences drown (values like -1e9): golden gradients
 //            only; kOptionalInputs where the inputs after the first may be undefined (an
 //            optional weight or bias); kBugUndefined skips the undefined-input check for a
-//            known library bug (say which in a comment).
+//            known library bug (say which in a comment); kEdgeDiffers skips the edge shapes of
+//            tests/edge_shapes.h (say why).
 // Then regenerate the golden values: /usr/bin/python3 tests/golden/gen_op_tables.py. It parses
 // the rows of every OpTable in tests/test_*.cpp with a regex, so keep the first four fields
 // literal; a test fails naming the row when op_tables.json is missing it or predates a change.
@@ -48,6 +51,7 @@ enum Flags : unsigned {
   kNoGradcheck = 1u << 1,     // finite differences meaningless (huge values): golden gradients only
   kBugUndefined = 1u << 2,    // known library bug: an undefined input crashes instead of throwing
   kOptionalInputs = 1u << 3,  // inputs after the first may be undefined (weight, bias: none)
+  kEdgeDiffers = 1u << 4,     // skips the edge shapes of tests/edge_shapes.h (say why)
 };
 
 struct OpCase {

@@ -2,7 +2,7 @@
 // PyTorch golden values and the edge cases; then dtype rules, in-place ops and errors.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -92,6 +92,7 @@ BOOST_AUTO_TEST_SUITE(test_elementwise)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kElementwiseOps); }
 
 BOOST_AUTO_TEST_CASE(dtypes_and_logic) {
   const Tensor i = tensor({1, 2, 3}, kInt64);

@@ -4,7 +4,7 @@
 // cases; then the BLAS layout paths against a reference, the threading paths and the errors.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -172,6 +172,7 @@ BOOST_AUTO_TEST_SUITE(test_linalg)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLinalgOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLinalgOps); }
 
 BOOST_AUTO_TEST_CASE(blas_cases_gradcheck_and_reference) {
   manual_seed(7);

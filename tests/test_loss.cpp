@@ -4,7 +4,7 @@
 // the fused and composed forms, and every error message.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -133,6 +133,18 @@ const OpTable kLossOps = {
      {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Mean); }},
     {"cross_entropy one class sum", "F.cross_entropy(a, torch.tensor([0, 0]), reduction='sum')",
      {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Sum); }},
+    // an empty batch: torch gives NaN for the mean (0 / 0), 0 for the sum
+    {"nll_loss empty batch mean", "F.nll_loss(a, torch.zeros(0, dtype=torch.long))",
+     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], zeros({0}, kInt64), Mean); }},
+    {"nll_loss empty batch sum", "F.nll_loss(a, torch.zeros(0, dtype=torch.long), reduction='sum')",
+     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], zeros({0}, kInt64), Sum); }},
+    {"cross_entropy empty batch mean", "F.cross_entropy(a, torch.zeros(0, dtype=torch.long))",
+     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], zeros({0}, kInt64), Mean); }},
+    {"cross_entropy empty batch none", "F.cross_entropy(a, torch.zeros(0, dtype=torch.long), "
+     "reduction='none', label_smoothing=0.1)",
+     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], zeros({0}, kInt64), None, -100, 0.1); }},
+    {"mse_loss empty mean", "F.mse_loss(a, b)",
+     {{0, 3}, {0, 3}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
     // kl_div: a positive target, differentiable too; then a broadcast one
     {"kl_div none", "F.kl_div(a, b, reduction='none')",
      {{3, 4}, {3, 4}}, {Real, Positive}, [](auto& v) { return kl_div(v[0], v[1], None); }},
@@ -171,6 +183,7 @@ BOOST_AUTO_TEST_SUITE(test_loss)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLossOps); }
 
 // kl_div with zeros in the target (ops.json): zero entries contribute 0.
 BOOST_AUTO_TEST_CASE(kl_div_zero_targets_golden) {

@@ -356,7 +356,10 @@ BOOST_AUTO_TEST_CASE(linear_init_and_forward) {
   auto copy = std::dynamic_pointer_cast<nn::Linear>(no_bias.clone());
   BOOST_TEST(!copy->bias.defined());
   BOOST_TEST(!copy->weight.same(no_bias.weight));
-  expect_error([] { nn::Linear(0, 3); }, {"Linear", "in_features 0"});
+  expect_error([] { nn::Linear(-1, 3); }, {"Linear", "in_features -1"});
+  // No input features, as torch: every output is the bias, which starts at 0.
+  nn::Linear none_in(0, 3);
+  BOOST_TEST((none_in(ones({2, 0})).to_vector<float>() == std::vector<float>(6, 0.0f)));
   expect_error([&] { fc(randn({2, 7})); }, {"linear"});
 }
 

@@ -3,7 +3,7 @@
 // cases; then extreme inputs, the parallel paths, dropout's masks, and every error message.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -107,6 +107,7 @@ BOOST_AUTO_TEST_SUITE(test_nn_functional)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
 
 // --- softmax / log_softmax
 
@@ -303,9 +304,16 @@ BOOST_AUTO_TEST_CASE(dropout_identity_backward_errors) {
       },
       {x.detach().clone().requires_grad_()}, "dropout");
   expect_error([&] { dropout(x, 1.5, true); },
-               {"dropout: probability has to be in [0, 1), got 1.5"});
+               {"dropout: probability has to be in [0, 1], got 1.5"});
   expect_error([&] { dropout(x, -0.1, false); }, {"dropout", "-0.1"});
-  expect_error([&] { dropout(x, 1.0, true); }, {"dropout", "got 1"});
+  // p = 1 drops everything, as torch: zeros, and a zero gradient.
+  const Tensor all = x.detach().clone().requires_grad_();
+  const Tensor dropped = dropout(all, 1.0, true);
+  BOOST_TEST((dropped.to_vector<double>() == std::vector<double>(x.numel(), 0.0)));
+  dropped.sum().backward();
+  BOOST_TEST((all.grad().to_vector<double>() == std::vector<double>(x.numel(), 0.0)));
+  nn::Dropout drop_all(1.0);
+  BOOST_TEST((drop_all(ones({3})).to_vector<float>() == std::vector<float>(3, 0.0f)));
   expect_error([&] { dropout(zeros({2}, kInt64), 0.5, true); }, {"dropout", "Int64"});
 }
 

@@ -45,6 +45,49 @@ BOOST_AUTO_TEST_CASE(sizes_that_overflow_are_errors) {
   expect_error([] { zeros({int64_t{1} << 40}); }, {"tensor", "cannot allocate", "GiB"});
 }
 
+BOOST_AUTO_TEST_CASE(empty_inputs_of_fused_ops) {
+  // softmax over rows of 0 elements once divided by the row length (SIGFPE).
+  for (const Shape& shape : {Shape{0}, Shape{1, 0}, Shape{0, 3}}) {
+    const Tensor x = zeros(shape, kFloat64).requires_grad_();
+    const Tensor y = softmax(x, -1) + log_softmax(x, 0);
+    BOOST_TEST((y.shape() == shape));
+    y.backward(ones_like(y));
+    BOOST_TEST((x.grad().shape() == shape));
+  }
+  // layer_norm with no rows: empty output, zero gradients for weight and bias (not garbage).
+  const Tensor x = zeros({0, 4}, kFloat64).requires_grad_();
+  const Tensor w = ones({4}, kFloat64).requires_grad_(), b = zeros({4}, kFloat64).requires_grad_();
+  layer_norm(x, {4}, w, b).sum().backward();
+  BOOST_TEST((w.grad().to_vector<double>() == std::vector<double>(4, 0.0)));
+  BOOST_TEST((b.grad().to_vector<double>() == std::vector<double>(4, 0.0)));
+  BOOST_TEST((layer_norm(zeros({3, 0}), {0}).shape() == Shape{3, 0}));
+  // Products with a zero dim: k = 0 gives zeros, linear with no input features the bias.
+  BOOST_TEST((matmul(zeros({2, 0}), zeros({0, 3})).to_vector<float>() == std::vector<float>(6, 0)));
+  BOOST_TEST((linear(zeros({2, 0}), zeros({3, 0}), ones({3})).to_vector<float>() ==
+              std::vector<float>(6, 1.0f)));
+  BOOST_TEST((linear(zeros({2, 3}), zeros({0, 3})).shape() == Shape{2, 0}));
+  // var of nothing, and unbiased var of one element, are NaN as in torch (not -0).
+  BOOST_TEST(std::isnan(var(zeros({0}), {0}).item<float>()));
+  BOOST_TEST(std::isnan(var(ones({1}), {0}).item<float>()));
+  BOOST_TEST((zeros({2, 0}).view({-1}).shape() == Shape{0}));
+  expect_error([] { zeros({2, 0}).view({-1, 0}); }, {"view", "[-1, 0]", "size 0"});
+  expect_error([] { argmax(zeros({0}), 0); }, {"argmax:", "size 0"});
+}
+
+BOOST_AUTO_TEST_CASE(size_arguments_that_overflow_are_errors) {
+  const Tensor x = zeros({5});
+  expect_error([&] { x.narrow(0, INT64_MAX, 1); }, {"narrow", "out of range"});
+  expect_error([&] { x.narrow(0, 1, INT64_MAX); }, {"narrow", "out of range"});
+  constexpr int64_t third = 6148914691236517206;  // 3 * third wraps around to 2
+  expect_error([] { zeros({3}).repeat({third}); }, {"repeat", "overflows"});
+  expect_error([] { zeros({3}).repeat({2, third}); }, {"repeat", "overflows"});
+  expect_error([] { zeros({3}).repeat_interleave(third); }, {"repeat_interleave", "overflows"});
+  expect_error([] { zeros({1, 3}).repeat_interleave(third, 1); }, {"repeat_interleave"});
+  expect_error([] { zeros({2}).reshape({3, third}); }, {"reshape", "invalid for input of size 2"});
+  expect_error([] { zeros({2}).reshape({-1, third, 3}); }, {"reshape", "invalid"});
+  expect_error([] { zeros({1}).expand({kBig, kBig}); }, {"tensor", "overflow"});
+}
+
 BOOST_AUTO_TEST_CASE(undefined_tensors_raise) {
   const Tensor u;
   expect_error([&] { (void)u.dim(); }, {"dim", "undefined"});

@@ -2,7 +2,7 @@
 // the PyTorch golden values and the edge cases; then storage sharing, strides and errors.
 #include <boost/test/unit_test.hpp>
 
-#include "tests/op_table.h"
+#include "tests/edge_shapes.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -46,6 +46,7 @@ BOOST_AUTO_TEST_SUITE(test_shape)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kShapeOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kShapeOps); }
 
 BOOST_AUTO_TEST_CASE(views_share_storage) {
   Tensor x = arange(0, 6).reshape({2, 3});

@@ -8,7 +8,10 @@ the inputs a, b, c, ... made from the shapes and domains with a seed taken from 
   <name>.row   the row's signature, which the C++ test compares to spot stale values;
   <name>.in<i> the inputs;  <name>.out the result;
   <name>.gy, <name>.g<i>   when the result has a gradient: an upstream gradient and the
-               gradient of every floating input."""
+               gradient of every floating input;
+  <name>.edge <variant>.out, .g<i>   for the edge shapes of tests/edge_shapes.h (Note [Edge
+               variants] there): the result, or "error", and the gradients for an upstream
+               gradient of ones, as text."""
 import codecs
 import glob
 import os
@@ -105,6 +108,81 @@ def make_input(shape, domain):
     return torch.rand(shape) > 0.5
 
 
+def edge_variants(shapes):
+    """As detail::edge_variants in tests/edge_shapes.h: (name, shapes) with one dim 0, with
+    every dim of one size 0, and with every dim 1."""
+    out = []
+    for i, s in enumerate(shapes):
+        for d, n in enumerate(s):
+            if n != 0:
+                v = [list(x) for x in shapes]
+                v[i][d] = 0
+                out.append((f"in{i} dim{d} 0", v))
+    sizes = []
+    for s in shapes:
+        for n in s:
+            if n > 0 and n not in sizes:
+                sizes.append(n)
+    for n in sizes:
+        if sum(list(s).count(n) for s in shapes) >= 2:
+            out.append((f"size {n} 0", [[0 if m == n else m for m in s] for s in shapes]))
+    ones = [[1] * len(s) for s in shapes]
+    if ones != [list(s) for s in shapes]:
+        out.append(("ones", ones))
+    return out
+
+
+def edge_input(shape, domain):
+    """As detail::edge_input in tests/edge_shapes.h: values fixed by the flat index k."""
+    k = torch.arange(torch.Size(shape).numel())
+    if domain == "Real":
+        v = ((k * 7 + 3) % 11 - 5).double() / 4
+    elif domain == "Positive":
+        v = 0.5 + ((k * 5 + 1) % 9).double() / 8
+    elif domain == "Integer":
+        v = ((k * 3 + 1) % 7 - 3).double()
+    else:
+        v = (k * 5 + 2) % 3 == 0
+    return v.reshape(shape)
+
+
+DTYPE_NAMES = {torch.float32: "Float32", torch.float64: "Float64", torch.int64: "Int64",
+               torch.bool: "Bool"}
+
+
+def edge_text(t):
+    """As detail::edge_text: "<shape> <dtype> v0 v1 ...", the shape as fmt prints a Shape."""
+    t = t.detach()
+    head = "[" + ", ".join(map(str, t.shape)) + "] " + DTYPE_NAMES[t.dtype]
+    return " ".join([head] + [repr(float(v)) for v in t.flatten().tolist()])
+
+
+def edge_values(expr, shapes, domains):
+    """For each edge variant of a row: PyTorch's result (or "error") and its gradients."""
+    values = {}
+    for variant, vshapes in edge_variants(shapes):
+        inputs = [edge_input(s, d) for s, d in zip(vshapes, domains)]
+        for x in inputs:
+            if x.is_floating_point():
+                x.requires_grad_()
+        env = {"torch": torch, "F": F, **dict(zip(string.ascii_lowercase, inputs))}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = eval(expr, env)
+        except (RuntimeError, IndexError, ValueError, TypeError):
+            values[f"{variant}.out"] = "error"
+            continue
+        values[f"{variant}.out"] = edge_text(out)
+        if out.requires_grad:
+            floating = [x for x in inputs if x.is_floating_point()]
+            grads = torch.autograd.grad(out, floating, torch.ones_like(out), allow_unused=True)
+            for x, g in zip(floating, grads):
+                i = next(k for k, y in enumerate(inputs) if y is x)
+                values[f"{variant}.g{i}"] = edge_text(torch.zeros_like(x) if g is None else g)
+    return values
+
+
 def main():
     values, seen = {}, set()
     for path in sorted(glob.glob(os.path.join(TESTS, "test_*.cpp"))):
@@ -133,6 +211,8 @@ def main():
                 for x, g in zip(floating, grads):
                     i = next(k for k, y in enumerate(inputs) if y is x)
                     values[f"{name}.g{i}"] = torch.zeros_like(x) if g is None else g
+            for key, v in edge_values(expr, shapes, domains).items():
+                values[f"{name}.edge {key}"] = v
     write("op_tables", values, one_per_line=True)
 
 

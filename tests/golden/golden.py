@@ -1,6 +1,7 @@
 """Shared writer for golden files: run the gen_*.py scripts with Debian's python3-torch
 (/usr/bin/python3); they write tests/golden/<name>.json, which are committed."""
 import json
+import math
 import os
 
 import torch
@@ -20,7 +21,8 @@ def entry(t):
         data = t.flatten().to(torch.int64).tolist()
     else:
         dtype = "float64"
-        data = t.flatten().to(torch.float64).tolist()
+        # JSON has no NaN or infinity: those go as the strings "nan", "inf", "-inf"
+        data = [v if math.isfinite(v) else repr(v) for v in t.flatten().to(torch.float64).tolist()]
     return {"shape": list(t.shape), "dtype": dtype, "data": data}
 
 
