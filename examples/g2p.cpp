@@ -6,11 +6,18 @@
 // (data::DataLoader). Every epoch measures dev WER with greedy decoding, keeps the best model and
 // stops when dev WER has not improved for --patience epochs. At the end the best model decodes
 // the test split greedily and with beam search: WER, PER, predictions, plots, attention maps.
-// Not yet: --resume (it needs the training checkpoints of train/checkpoint.h).
 //
-//   g2p --epochs 30 --out out/g2p                       train (the default config)
-//   g2p --load out/g2p --predict hello world            pronounce words with a trained model
-//   echo hello | g2p --load out/g2p                     words from standard input
+// A run is resumable: every --checkpoint-every steps and after every epoch it saves a training
+// checkpoint (train/checkpoint.h: model, Adam's moments, the schedule, the random generator and
+// the run's counters) to OUT/checkpoint.safetensors, and its configuration to OUT/run.json;
+// `--resume OUT` continues it, and a resumed run gives the same losses, WERs and model, bit for
+// bit, as one never stopped (tests/test_g2p.cpp stops one with --max-steps).
+//
+//   g2p --out out/g2p                                  train (the default config)
+//   g2p --resume out/g2p                               continue a stopped run
+//   g2p --load out/g2p --predict hello world           pronounce words with a trained model
+//   echo hello | g2p --load out/g2p                    words from standard input
+#include <bit>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -21,23 +28,79 @@
 
 #include "ember.h"
 #include "g2p_task.h"
+#include "program.h"
+#include "train/checkpoint.h"
 
 using namespace ember;
 using data::Vocab;
 using nn::EncoderDecoder;
 using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
 
 namespace {
 
+// Defaults: the 3-layer, 256-wide, 4-head transformer of CMU Sphinx's g2p-seq2seq. An epoch is
+// about 260 steps of 4096 tokens, so the Noam warmup is 1000 steps (4 epochs; the original's 4000
+// would be 15).
 struct Config {
   int64_t layers = 3, d_model = 256, d_ff = 1024, heads = 4;
   double dropout = 0.1, smoothing = 0.1, lr_factor = 1.0, clip = 1.0, alpha = 0.6;
-  int64_t batch_tokens = 4096, epochs = 30, warmup = 4000, patience = 4, beam = 5;
-  int64_t limit = 0, eval_limit = 0, log_every = 200;
+  int64_t batch_tokens = 4096, epochs = 25, warmup = 1000, patience = 4, beam = 5;
+  int64_t limit = 0, eval_limit = 0;
   uint64_t seed = 0;
-  int threads = 0;
   std::string data = g2p::kDefaultDict;
+  // How this process runs, not what it computes: may change on --resume.
+  int threads = 0;
+  int64_t log_every = 200, checkpoint_every = 200, max_steps = 0;
+  program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
 };
+
+// What a run computes with: metrics.json's "config" and OUT/run.json, which --resume reads.
+Json config_json(const Config& c) {
+  return {{"data", c.data},
+          {"layers", c.layers},
+          {"d_model", c.d_model},
+          {"d_ff", c.d_ff},
+          {"heads", c.heads},
+          {"dropout", c.dropout},
+          {"smoothing", c.smoothing},
+          {"batch_tokens", c.batch_tokens},
+          {"warmup", c.warmup},
+          {"lr_factor", c.lr_factor},
+          {"clip", c.clip},
+          {"beam", c.beam},
+          {"alpha", c.alpha},
+          {"patience", c.patience},
+          {"epochs", c.epochs},
+          {"limit", c.limit},
+          {"eval_limit", c.eval_limit},
+          {"seed", c.seed}};
+}
+
+// The configuration of run.json over `flags` (which keep threads, logging and max steps; and
+// epochs when given, so a run can be extended).
+Config config_from_json(const Json& j, Config flags, bool epochs_given) {
+  Config c = flags;
+  j.at("data").get_to(c.data);
+  j.at("layers").get_to(c.layers);
+  j.at("d_model").get_to(c.d_model);
+  j.at("d_ff").get_to(c.d_ff);
+  j.at("heads").get_to(c.heads);
+  j.at("dropout").get_to(c.dropout);
+  j.at("smoothing").get_to(c.smoothing);
+  j.at("batch_tokens").get_to(c.batch_tokens);
+  j.at("warmup").get_to(c.warmup);
+  j.at("lr_factor").get_to(c.lr_factor);
+  j.at("clip").get_to(c.clip);
+  j.at("beam").get_to(c.beam);
+  j.at("alpha").get_to(c.alpha);
+  j.at("patience").get_to(c.patience);
+  if (!epochs_given) j.at("epochs").get_to(c.epochs);
+  j.at("limit").get_to(c.limit);
+  j.at("eval_limit").get_to(c.eval_limit);
+  j.at("seed").get_to(c.seed);
+  return c;
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -93,43 +156,15 @@ g2p::ErrorRates score(const EvalSet& set, const std::vector<std::vector<int64_t>
   return rates;
 }
 
-// One training epoch: loss per target token and tokens per second.
-struct EpochStats {
-  double loss, tokens_per_second, seconds;
-  int64_t tokens;
+struct Evaluation {
+  g2p::ErrorRates rates;
+  std::vector<std::vector<int64_t>> predictions;
 };
-EpochStats train_epoch(EncoderDecoder& model, const data::DataLoader& loader, int64_t epoch,
-                       nn::LabelSmoothing& criterion, optim::Optimizer& optimizer,
-                       optim::LambdaLR& scheduler, const Config& c) {
-  model.train();
-  const auto start = Clock::now();
-  double total_loss = 0;
-  int64_t total_tokens = 0, step = 0;
-  const auto plan = loader.plan(epoch);
-  for (const auto& indices : plan) {
-    const nn::Batch batch = loader.collate(indices);
-    const Tensor out = model.forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
-    const Tensor logits = model.generator->forward(out);
-    const Tensor loss = criterion(logits.contiguous().view({-1, logits.size(-1)}),
-                                  batch.tgt_y.contiguous().view({-1})) /
-                        static_cast<double>(batch.ntokens);
-    loss.backward();
-    optim::clip_grad_norm_(model.parameters(), c.clip);
-    optimizer.step();
-    optimizer.zero_grad();
-    scheduler.step();
-    total_loss += loss.item<double>() * static_cast<double>(batch.ntokens);
-    total_tokens += batch.ntokens;
-    if (++step % c.log_every == 0) {
-      fmt::print("  epoch {} step {:5d}/{} | loss {:.4f} | {:.0f} tokens/s | lr {:.2e}\n",
-                 epoch + 1, step, plan.size(), total_loss / static_cast<double>(total_tokens),
-                 static_cast<double>(total_tokens) / seconds_since(start), optimizer.lr());
-      std::fflush(stdout);
-    }
-  }
-  const double seconds = seconds_since(start);
-  return {total_loss / static_cast<double>(std::max<int64_t>(total_tokens, 1)),
-          static_cast<double>(total_tokens) / seconds, seconds, total_tokens};
+Evaluation evaluate(EncoderDecoder& model, const EvalSet& set, const Config& c, int64_t beam) {
+  Evaluation e;
+  e.predictions = decode_all(model, set.dataset, c, beam);
+  e.rates = score(set, e.predictions);
+  return e;
 }
 
 std::map<std::string, std::string> model_metadata(const Config& c, const Vocab& graphemes,
@@ -205,148 +240,295 @@ int predict(const std::string& dir, std::vector<std::string> words, const Config
   return 0;
 }
 
-}  // namespace
-
-namespace {
-
 // The first `limit` entries (all when 0): a slice of a split for quick runs.
 std::vector<g2p::Entry> head(std::vector<g2p::Entry> entries, int64_t limit) {
   if (limit > 0 && static_cast<size_t>(limit) < entries.size()) entries.resize(limit);
   return entries;
 }
 
-struct Evaluation {
-  g2p::ErrorRates rates;
-  std::vector<std::vector<int64_t>> predictions;
+// The data of a run: the dictionary's splits (sliced by --limit, --eval-limit), the vocabularies
+// of the train split, one training example per pronunciation, and the dev and test sets.
+struct Task {
+  g2p::CmuDict dict;
+  std::vector<g2p::Entry> train_words;
+  Vocab graphemes, phonemes;
+  std::shared_ptr<data::ExampleDataset> train;
+  EvalSet dev, test;
 };
-Evaluation evaluate(EncoderDecoder& model, const EvalSet& set, const Config& c, int64_t beam) {
-  Evaluation e;
-  e.predictions = decode_all(model, set.dataset, c, beam);
-  e.rates = score(set, e.predictions);
-  return e;
-}
 
-int run(const Config& c, const std::string& out) {
-  const auto run_start = Clock::now();
-  std::filesystem::create_directories(out);
-  const g2p::CmuDict dict = g2p::read_cmudict(c.data);
-  const auto train_words = head(dict.train, c.limit);
-  const auto dev_words = head(dict.dev, c.eval_limit), test_words = head(dict.test, c.eval_limit);
+Task load_task(const Config& c) {
+  Task t;
+  t.dict = g2p::read_cmudict(c.data);
+  t.train_words = head(t.dict.train, c.limit);
   std::vector<std::vector<std::string>> spellings, pronunciations;
-  std::vector<data::Example> examples;
-  for (const g2p::Entry& e : train_words) {
+  for (const g2p::Entry& e : t.train_words) {
     spellings.push_back(g2p::graphemes(e.word));
     for (const auto& p : e.pronunciations) pronunciations.push_back(p);
   }
-  const Vocab graphemes = Vocab::build(spellings), phonemes = Vocab::build(pronunciations);
-  for (const g2p::Entry& e : train_words)
+  t.graphemes = Vocab::build(spellings);
+  t.phonemes = Vocab::build(pronunciations);
+  std::vector<data::Example> examples;
+  for (const g2p::Entry& e : t.train_words)
     for (const auto& p : e.pronunciations)
       examples.push_back(
-          {graphemes.encode(g2p::graphemes(e.word)), phonemes.encode(p, true, true)});
+          {t.graphemes.encode(g2p::graphemes(e.word)), t.phonemes.encode(p, true, true)});
+  const auto dev_words = head(t.dict.dev, c.eval_limit),
+             test_words = head(t.dict.test, c.eval_limit);
   fmt::print(
       "{}: {} lines; words train {} / dev {} / test {} (using {} / {} / {}); {} training "
       "pronunciations; {} graphemes, {} phonemes (with 4 specials)\n",
-      c.data, dict.lines, dict.train.size(), dict.dev.size(), dict.test.size(), train_words.size(),
-      dev_words.size(), test_words.size(), examples.size(), graphemes.size(), phonemes.size());
-  const EvalSet dev = eval_set(dev_words, graphemes, phonemes);
-  const EvalSet test = eval_set(test_words, graphemes, phonemes);
-  const data::DataLoader loader(std::make_shared<data::ExampleDataset>(std::move(examples)),
-                                {.batch_tokens = c.batch_tokens, .seed = c.seed});
+      c.data, t.dict.lines, t.dict.train.size(), t.dict.dev.size(), t.dict.test.size(),
+      t.train_words.size(), dev_words.size(), test_words.size(), examples.size(),
+      t.graphemes.size(), t.phonemes.size());
+  t.train = std::make_shared<data::ExampleDataset>(std::move(examples));
+  t.dev = eval_set(dev_words, t.graphemes, t.phonemes);
+  t.test = eval_set(test_words, t.graphemes, t.phonemes);
+  return t;
+}
 
-  auto model = nn::make_model(graphemes.size(), phonemes.size(), c.layers, c.d_model, c.d_ff,
-                              c.heads, c.dropout);
-  nn::LabelSmoothing criterion(phonemes.size(), Vocab::kPad, c.smoothing);
-  optim::Adam optimizer(model->parameters(), {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
-  optim::LambdaLR scheduler(
-      optimizer, [&](int64_t step) { return optim::rate(step, c.d_model, c.lr_factor, c.warmup); });
-  viz::Animator animator("epoch", "value", {"train loss", "dev WER"},
-                         std::pair<double, double>{1, std::max<double>(2, c.epochs)});
-  std::vector<double> train_losses, dev_wers;
-  double best_wer = 2, best_per = 2, train_seconds = 0;
-  int64_t tokens = 0, best_epoch = 0, epochs = 0;
-  for (int64_t epoch = 0; epoch < c.epochs; ++epoch) {
-    const EpochStats s = train_epoch(*model, loader, epoch, criterion, optimizer, scheduler, c);
-    train_seconds += s.seconds;
-    tokens += s.tokens;
-    const g2p::ErrorRates rates = evaluate(*model, dev, c, 1).rates;
+// Where a run is, besides its model, optimizer, schedule and random generator: the counters of
+// its training checkpoint. Checkpoint counters are integers, so the doubles travel as their bit
+// patterns (std::bit_cast), which a resumed run needs to sum the same losses bit for bit.
+struct Progress {
+  int64_t epoch = 0;                           // epochs finished
+  int64_t step = 0;                            // batches of epoch `epoch` done
+  double epoch_loss = 0;                       // their summed loss
+  int64_t epoch_tokens = 0;                    // and target tokens
+  double epoch_seconds = 0;                    // and training time
+  int64_t tokens = 0;                          // target tokens of the finished epochs
+  double train_seconds = 0;                    // and their training time
+  int64_t best_epoch = 0;                      // the epoch of model.safetensors (0: none yet)
+  double best_wer = 2, best_per = 2;           // its dev error rates
+  bool stopped = false;                        // early stopping ended training
+  std::vector<double> train_losses, dev_wers;  // per finished epoch
+
+  std::map<std::string, int64_t> counters() const {
+    std::map<std::string, int64_t> m = {{"epoch", epoch},
+                                        {"step", step},
+                                        {"epoch_tokens", epoch_tokens},
+                                        {"tokens", tokens},
+                                        {"best_epoch", best_epoch},
+                                        {"stopped", stopped}};
+    const auto put = [&](const std::string& key, double v) { m[key] = std::bit_cast<int64_t>(v); };
+    put("epoch_loss.bits", epoch_loss);
+    put("epoch_seconds.bits", epoch_seconds);
+    put("train_seconds.bits", train_seconds);
+    put("best_wer.bits", best_wer);
+    put("best_per.bits", best_per);
+    for (size_t i = 0; i < train_losses.size(); ++i) {
+      put(fmt::format("train_loss.{}.bits", i), train_losses[i]);
+      put(fmt::format("dev_wer.{}.bits", i), dev_wers[i]);
+    }
+    return m;
+  }
+
+  static Progress from(const std::map<std::string, int64_t>& m, const std::string& path) {
+    const auto at = [&](const std::string& key) {
+      const auto it = m.find(key);
+      EMBER_CHECK(it != m.end(), "--resume: '{}' has no counter '{}'", path, key);
+      return it->second;
+    };
+    const auto real = [&](const std::string& key) { return std::bit_cast<double>(at(key)); };
+    Progress p;
+    p.epoch = at("epoch");
+    p.step = at("step");
+    p.epoch_tokens = at("epoch_tokens");
+    p.tokens = at("tokens");
+    p.best_epoch = at("best_epoch");
+    p.stopped = at("stopped") != 0;
+    p.epoch_loss = real("epoch_loss.bits");
+    p.epoch_seconds = real("epoch_seconds.bits");
+    p.train_seconds = real("train_seconds.bits");
+    p.best_wer = real("best_wer.bits");
+    p.best_per = real("best_per.bits");
+    EMBER_CHECK(p.epoch >= 0 && p.epoch <= program::kMaxCount && p.step >= 0,
+                "--resume: '{}' has epoch {} and step {}", path, p.epoch, p.step);
+    for (int64_t i = 0; i < p.epoch; ++i) {
+      p.train_losses.push_back(real(fmt::format("train_loss.{}.bits", i)));
+      p.dev_wers.push_back(real(fmt::format("dev_wer.{}.bits", i)));
+    }
+    return p;
+  }
+};
+
+// A training run: the model and everything that trains it. train_epoch() and end_epoch() move
+// `progress` on; checkpoint() saves it all.
+class Trainer {
+ public:
+  Trainer(const Config& c, const Task& task, std::string out)
+      : c_(c),
+        task_(task),
+        out_(std::move(out)),
+        model_(nn::make_model(task.graphemes.size(), task.phonemes.size(), c.layers, c.d_model,
+                              c.d_ff, c.heads, c.dropout)),
+        criterion_(task.phonemes.size(), Vocab::kPad, c.smoothing),
+        optimizer_(model_->parameters(), {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9}),
+        scheduler_(optimizer_, [d = c.d_model, f = c.lr_factor,
+                                w = c.warmup](int64_t step) { return optim::rate(step, d, f, w); }),
+        guard_(c.on_nonfinite, model_->parameters()),
+        loader_(task.train, {.batch_tokens = c.batch_tokens, .seed = c.seed}) {}
+
+  EncoderDecoder& model() { return *model_; }
+  Progress progress;
+
+  std::string checkpoint_path() const { return out_ + "/checkpoint.safetensors"; }
+  void checkpoint() {
+    save_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_, progress.counters());
+  }
+  void resume() {
+    progress = Progress::from(load_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_),
+                              checkpoint_path());
+  }
+
+  // Trains the rest of epoch progress.epoch. False when --max-steps stopped it first (after
+  // saving a checkpoint).
+  bool train_epoch() {
+    model_->train();
+    const auto plan = loader_.plan(progress.epoch);
+    auto& p = progress;
+    while (static_cast<size_t>(p.step) < plan.size()) {
+      if (c_.max_steps > 0 && steps_ == c_.max_steps) {
+        checkpoint();
+        return false;
+      }
+      const auto step_start = Clock::now();
+      const nn::Batch batch = loader_.collate(plan[static_cast<size_t>(p.step)]);
+      const Tensor out = model_->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
+      const Tensor logits = model_->generator->forward(out);
+      const Tensor loss = criterion_(logits.contiguous().view({-1, logits.size(-1)}),
+                                     batch.tgt_y.contiguous().view({-1})) /
+                          static_cast<double>(batch.ntokens);
+      const double summed = loss.item<double>() * static_cast<double>(batch.ntokens);
+      const auto where = [&] { return fmt::format("epoch {}, step {}", p.epoch + 1, p.step + 1); };
+      if (guard_.loss_ok(summed, where)) {
+        loss.backward();
+        if (guard_.gradients_ok(where)) {
+          optim::clip_grad_norm_(model_->parameters(), c_.clip);
+          optimizer_.step();
+          scheduler_.step();
+          p.epoch_loss += summed;
+          p.epoch_tokens += batch.ntokens;
+        }
+        optimizer_.zero_grad();
+      }
+      p.epoch_seconds += seconds_since(step_start);
+      ++p.step;
+      ++steps_;
+      if (p.step % c_.log_every == 0) {
+        fmt::print("  epoch {} step {:5d}/{} | loss {:.4f} | {:.0f} tokens/s | lr {:.2e}\n",
+                   p.epoch + 1, p.step, plan.size(),
+                   p.epoch_loss / static_cast<double>(std::max<int64_t>(p.epoch_tokens, 1)),
+                   static_cast<double>(p.epoch_tokens) / p.epoch_seconds, optimizer_.lr());
+        std::fflush(stdout);
+      }
+      if (p.step % c_.checkpoint_every == 0 && static_cast<size_t>(p.step) < plan.size())
+        checkpoint();
+    }
+    return true;
+  }
+
+  // After an epoch: dev WER with greedy decoding, the best model kept, early stopping, the plot
+  // and a checkpoint.
+  void end_epoch() {
+    auto& p = progress;
+    guard_.check_parameters(fmt::format("after epoch {}", p.epoch + 1));
+    const double loss = p.epoch_loss / static_cast<double>(std::max<int64_t>(p.epoch_tokens, 1));
+    guard_.check_loss(p.epoch_tokens > 0 ? loss : NAN, fmt::format("epoch {}'s loss", p.epoch + 1));
+    const g2p::ErrorRates rates = evaluate(*model_, task_.dev, c_, 1).rates;
     const double wer = rates.wer();
     // Better: a lower dev WER, or the same and a lower PER.
-    const bool better = std::pair(wer, rates.per()) < std::pair(best_wer, best_per);
-    train_losses.push_back(s.loss);
-    dev_wers.push_back(wer);
-    animator.add(static_cast<double>(epoch + 1), {s.loss, wer});
-    epochs = epoch + 1;
-    const double elapsed = seconds_since(run_start);
+    const bool better = std::pair(wer, rates.per()) < std::pair(p.best_wer, p.best_per);
+    p.train_losses.push_back(loss);
+    p.dev_wers.push_back(wer);
+    p.tokens += p.epoch_tokens;
+    p.train_seconds += p.epoch_seconds;
     fmt::print(
         "epoch {}/{} | train loss {:.4f} | {:.0f} tokens/s | lr {:.2e} | dev WER {:.4f}{} "
-        "| elapsed {:.0f}s | ETA {:.0f}s\n",
-        epoch + 1, c.epochs, s.loss, s.tokens_per_second, optimizer.lr(), wer,
-        wer < best_wer ? " (best)" : "", elapsed,
-        elapsed / static_cast<double>(epoch + 1) * static_cast<double>(c.epochs - epoch - 1));
+        "| trained {:.0f}s | ETA {:.0f}s\n",
+        p.epoch + 1, c_.epochs, loss, static_cast<double>(p.epoch_tokens) / p.epoch_seconds,
+        optimizer_.lr(), wer, better ? " (best)" : "", p.train_seconds,
+        p.train_seconds / static_cast<double>(p.epoch + 1) *
+            static_cast<double>(c_.epochs - p.epoch - 1));
     std::fflush(stdout);
+    ++p.epoch;
+    p.step = 0;
+    p.epoch_loss = p.epoch_seconds = 0;
+    p.epoch_tokens = 0;
     if (better) {
-      best_wer = wer;
-      best_per = rates.per();
-      best_epoch = epoch + 1;
-      save_model(out, *model, c, graphemes, phonemes);
-    } else if (epoch + 1 - best_epoch >= c.patience) {
-      fmt::print("dev WER has not improved for {} epochs: stopping\n", c.patience);
-      break;
+      p.best_wer = wer;
+      p.best_per = rates.per();
+      p.best_epoch = p.epoch;
+      save_model(out_, *model_, c_, task_.graphemes, task_.phonemes);
+    } else if (p.epoch - p.best_epoch >= c_.patience) {
+      fmt::print("dev WER has not improved for {} epochs: stopping\n", c_.patience);
+      p.stopped = true;
     }
+    plot();
+    checkpoint();
   }
-  animator.save(out + "/loss.svg");
-  if (best_epoch > 0)
-    nn::load(*model, out + "/model.safetensors");
-  else
-    save_model(out, *model, c, graphemes, phonemes);
 
-  // Test: greedy and beam; the setting better on dev writes the predictions.
-  const Evaluation greedy = evaluate(*model, test, c, 1), beam = evaluate(*model, test, c, c.beam);
-  const double dev_beam_wer = evaluate(*model, dev, c, c.beam).rates.wer();
-  const bool use_beam = dev_beam_wer <= best_wer;
+  // loss.svg: train loss and dev WER by epoch.
+  void plot() const {
+    viz::Animator animator("epoch", "value", {"train loss", "dev WER"},
+                           std::pair<double, double>{1, std::max<double>(2, c_.epochs)});
+    for (size_t i = 0; i < progress.train_losses.size(); ++i)
+      animator.add(static_cast<double>(i + 1), {progress.train_losses[i], progress.dev_wers[i]});
+    animator.save(out_ + "/loss.svg");
+  }
+
+ private:
+  const Config& c_;
+  const Task& task_;
+  std::string out_;
+  std::shared_ptr<EncoderDecoder> model_;
+  nn::LabelSmoothing criterion_;
+  optim::Adam optimizer_;
+  optim::LambdaLR scheduler_;
+  program::NonfiniteGuard guard_;
+  data::DataLoader loader_;
+  int64_t steps_ = 0;  // training steps taken by this process (for --max-steps)
+};
+
+// The best model on the test split, greedy and beam; the setting better on dev writes
+// predictions.tsv; metrics.json and the attention maps.
+void test_and_report(Trainer& trainer, const Task& task, const Config& c, const std::string& out,
+                     double run_seconds) {
+  const Progress& p = trainer.progress;
+  EncoderDecoder& model = trainer.model();
+  if (p.best_epoch > 0)
+    nn::load(model, out + "/model.safetensors");
+  else
+    save_model(out, model, c, task.graphemes, task.phonemes);
+  const Evaluation greedy = evaluate(model, task.test, c, 1),
+                   beam = evaluate(model, task.test, c, c.beam);
+  const double dev_beam_wer = evaluate(model, task.dev, c, c.beam).rates.wer();
+  const bool use_beam = dev_beam_wer <= p.best_wer;
   const Evaluation& chosen = use_beam ? beam : greedy;
   fmt::print(
       "test (best epoch {}): greedy WER {:.4f} PER {:.4f} | beam {} WER {:.4f} PER {:.4f} | "
       "predictions by {} (dev WER greedy {:.4f}, beam {:.4f})\n",
-      best_epoch, greedy.rates.wer(), greedy.rates.per(), c.beam, beam.rates.wer(),
-      beam.rates.per(), use_beam ? "beam" : "greedy", best_wer, dev_beam_wer);
-  {
-    std::ofstream tsv(out + "/predictions.tsv");
-    for (size_t i = 0; i < test.words.size(); ++i)
-      tsv << test.words[i] << '\t'
-          << fmt::format("{}", fmt::join(phonemes.decode(chosen.predictions[i]), " ")) << '\n';
-  }
-  draw_attention(*model, test, chosen.predictions, phonemes, out, 3);
-  const nlohmann::ordered_json metrics = {
-      {"config",
-       {{"data", c.data},
-        {"layers", c.layers},
-        {"d_model", c.d_model},
-        {"d_ff", c.d_ff},
-        {"heads", c.heads},
-        {"dropout", c.dropout},
-        {"smoothing", c.smoothing},
-        {"batch_tokens", c.batch_tokens},
-        {"warmup", c.warmup},
-        {"lr_factor", c.lr_factor},
-        {"clip", c.clip},
-        {"beam", c.beam},
-        {"alpha", c.alpha},
-        {"patience", c.patience},
-        {"limit", c.limit},
-        {"eval_limit", c.eval_limit},
-        {"seed", c.seed},
-        {"threads", get_num_threads()}}},
+      p.best_epoch, greedy.rates.wer(), greedy.rates.per(), c.beam, beam.rates.wer(),
+      beam.rates.per(), use_beam ? "beam" : "greedy", p.best_wer, dev_beam_wer);
+  std::string tsv;
+  for (size_t i = 0; i < task.test.words.size(); ++i)
+    tsv += fmt::format("{}\t{}\n", task.test.words[i],
+                       fmt::join(task.phonemes.decode(chosen.predictions[i]), " "));
+  program::write_text(out + "/predictions.tsv", tsv);
+  draw_attention(model, task.test, chosen.predictions, task.phonemes, out, 3);
+  Json config = config_json(c);
+  config["threads"] = get_num_threads();
+  const Json metrics = {
+      {"config", config},
       {"split_sizes",
-       {{"train", dict.train.size()},
-        {"dev", dict.dev.size()},
-        {"test", dict.test.size()},
-        {"train_used", train_words.size()},
-        {"dev_used", dev_words.size()},
-        {"test_used", test_words.size()}}},
-      {"train_loss", train_losses},
-      {"dev_wer", dev_wers},
-      {"best_epoch", best_epoch},
+       {{"train", task.dict.train.size()},
+        {"dev", task.dict.dev.size()},
+        {"test", task.dict.test.size()},
+        {"train_used", task.train_words.size()},
+        {"dev_used", task.dev.words.size()},
+        {"test_used", task.test.words.size()}}},
+      {"train_loss", p.train_losses},
+      {"dev_wer", p.dev_wers},
+      {"best_epoch", p.best_epoch},
       {"decoding", use_beam ? "beam" : "greedy"},
       {"test_wer", chosen.rates.wer()},
       {"test_per", chosen.rates.per()},
@@ -354,72 +536,130 @@ int run(const Config& c, const std::string& out) {
       {"test_per_greedy", greedy.rates.per()},
       {"test_wer_beam", beam.rates.wer()},
       {"test_per_beam", beam.rates.per()},
-      {"train_seconds", train_seconds},
-      {"epochs", epochs},
-      {"tokens_per_second", static_cast<double>(tokens) / std::max(train_seconds, 1e-9)},
-      {"total_seconds", seconds_since(run_start)}};
-  std::ofstream(out + "/metrics.json") << metrics.dump(2) << "\n";
+      {"train_seconds", p.train_seconds},
+      {"epochs", p.epoch},
+      {"tokens_per_second", static_cast<double>(p.tokens) / std::max(p.train_seconds, 1e-9)},
+      {"total_seconds", run_seconds}};
+  program::write_text(out + "/metrics.json", metrics.dump(2) + "\n");
   fmt::print(
       "wrote {}/{{metrics.json, predictions.tsv, model.safetensors, graphemes.txt, "
-      "phonemes.txt, loss.svg, attn_src_*.svg}}\n",
+      "phonemes.txt, loss.svg, attn_src_*.svg, checkpoint.safetensors, run.json}}\n",
       out);
+}
+
+// Trains (or continues, with resume) the run in `out`, then tests it.
+int train(const Config& c, const std::string& out, bool resume) {
+  const auto run_start = Clock::now();
+  const Task task = load_task(c);
+  Trainer trainer(c, task, out);
+  if (resume) {
+    trainer.resume();
+    fmt::print("resumed {} at epoch {}, step {}\n", out, trainer.progress.epoch + 1,
+               trainer.progress.step);
+  } else {
+    program::write_text(out + "/run.json", config_json(c).dump(2) + "\n");
+  }
+  while (!trainer.progress.stopped && trainer.progress.epoch < c.epochs) {
+    if (!trainer.train_epoch()) {
+      fmt::print("stopped after --max-steps {} steps; continue with --resume {}\n", c.max_steps,
+                 out);
+      return 0;
+    }
+    trainer.end_epoch();
+  }
+  test_and_report(trainer, task, c, out, seconds_since(run_start));
   return 0;
+}
+
+// Bytes a training run needs, roughly: the parameters five times (gradients, Adam's moments,
+// temporaries) and a batch's activations (per token and layer about 40 d_model + 6 d_ff floats,
+// with the attention scores of 64-token rows).
+double training_bytes(const Config& c) {
+  const double N = c.layers, D = c.d_model, F = c.d_ff;
+  const double parameters = N * (12 * D * D + 4 * D * F) + 200 * D;
+  const double per_token = N * (40 * D + 6 * F + 3 * c.heads * 64);
+  return 4 * (5 * parameters + per_token * static_cast<double>(c.batch_tokens));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Config c;
-  std::string out = "out/g2p", load;
+  std::string out = "out/g2p", load, resume;
   std::vector<std::string> words;
   CLI::App app{"Grapheme-to-phoneme on CMUdict with the Annotated Transformer"};
-  app.add_option("--data", c.data, "CMUdict file (Debian's pocketsphinx-en-us by default)");
-  app.add_option("--layers", c.layers, "encoder and decoder layers (N)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--d-model", c.d_model, "model width")->check(CLI::PositiveNumber);
-  app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(CLI::PositiveNumber);
-  app.add_option("--heads", c.heads, "attention heads (h)")->check(CLI::PositiveNumber);
-  app.add_option("--dropout", c.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--smoothing", c.smoothing, "label smoothing")->check(CLI::Range(0.0, 0.99));
-  app.add_option("--batch-tokens", c.batch_tokens, "padded tokens per batch")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", c.epochs, "most epochs")->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup", c.warmup, "warmup steps of the Noam rate")->check(CLI::PositiveNumber);
-  app.add_option("--lr-factor", c.lr_factor, "factor of the Noam rate")->check(CLI::PositiveNumber);
-  app.add_option("--clip", c.clip, "gradient norm clipping")->check(CLI::PositiveNumber);
-  app.add_option("--patience", c.patience, "epochs without a better dev WER before stopping")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--beam", c.beam, "beam size")->check(CLI::PositiveNumber);
-  app.add_option("--alpha", c.alpha, "GNMT length penalty exponent")->check(CLI::Range(0.0, 5.0));
-  app.add_option("--limit", c.limit, "train on the first N train words only (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-limit", c.eval_limit, "evaluate the first N dev/test words (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--log-every", c.log_every, "steps between progress lines")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "random seed");
-  app.add_option("--threads", c.threads, "threads for OpenMP and OpenBLAS (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--out", out, "output directory");
+  const CLI::Validator positive = program::count(1), count = program::count(0);
+  // The options that set what a run computes: --resume takes them from the run's run.json.
+  const std::vector<CLI::Option*> run_options = {
+      app.add_option("--data", c.data, "CMUdict file (Debian's pocketsphinx-en-us by default)"),
+      app.add_option("--layers", c.layers, "encoder and decoder layers (N)")->check(positive),
+      app.add_option("--d-model", c.d_model, "model width")->check(positive),
+      app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(positive),
+      app.add_option("--heads", c.heads, "attention heads (h)")->check(positive),
+      app.add_option("--dropout", c.dropout, "dropout probability")
+          ->check(program::finite_in(0, 0.99)),
+      app.add_option("--smoothing", c.smoothing, "label smoothing")
+          ->check(program::finite_in(0, 0.99)),
+      app.add_option("--batch-tokens", c.batch_tokens, "padded tokens per batch")->check(positive),
+      app.add_option("--warmup", c.warmup, "warmup steps of the Noam rate")->check(positive),
+      app.add_option("--lr-factor", c.lr_factor, "factor of the Noam rate")
+          ->check(program::positive()),
+      app.add_option("--clip", c.clip, "gradient norm clipping")->check(program::positive()),
+      app.add_option("--patience", c.patience, "epochs without a better dev WER before stopping")
+          ->check(positive),
+      app.add_option("--beam", c.beam, "beam size")->check(program::finite_in(1, 64)),
+      app.add_option("--alpha", c.alpha, "GNMT length penalty exponent")
+          ->check(program::finite_in(0, 5)),
+      app.add_option("--limit", c.limit, "train on the first N train words only (0: all)")
+          ->check(count),
+      app.add_option("--eval-limit", c.eval_limit, "evaluate the first N dev/test words (0: all)")
+          ->check(count),
+      app.add_option("--seed", c.seed, "random seed")};
+  CLI::Option* epochs = app.add_option("--epochs", c.epochs, "most epochs")->check(count);
+  app.add_option("--log-every", c.log_every, "steps between progress lines")->check(positive);
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "steps between training checkpoints (also after every epoch)")
+      ->check(positive);
+  app.add_option("--max-steps", c.max_steps,
+                 "stop after this many training steps of this process (0: no limit); "
+                 "--resume continues")
+      ->check(count);
+  program::add_on_nonfinite_option(app, c.on_nonfinite);
+  program::add_threads_option(app, c.threads);
+  CLI::Option* out_option = app.add_option("--out", out, "output directory");
+  app.add_option("--resume", resume, "continue the run saved in this directory")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(out_option);
   app.add_option("--load", load, "pronounce words with the model saved in this directory")
       ->check(CLI::ExistingDirectory);
   app.add_option("--predict", words, "words to pronounce (needs --load; else read stdin)")
       ->needs("--load");
-  try {
-    app.parse(argc, argv);
+  return program::run("g2p", app, argc, argv, [&] {
+    if (!resume.empty()) {
+      for (const CLI::Option* o : run_options)
+        if (o->count() > 0)
+          throw program::UsageError(fmt::format(
+              "{} cannot be given with --resume: the run's configuration is in {}/run.json",
+              o->get_name(), resume));
+      const std::string path = resume + "/run.json";
+      std::ifstream in(path);
+      EMBER_CHECK(in.good(), "--resume: cannot read {}", path);
+      c = config_from_json(Json::parse(in), c, epochs->count() > 0);
+      out = resume;
+    }
     if (c.d_model % c.heads != 0)
       throw CLI::ValidationError(
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  set_num_threads(c.threads);
-  manual_seed(c.seed);
-  try {
-    return load.empty() ? run(c, out) : predict(load, words, c);
-  } catch (const Error& e) {
-    fmt::print(stderr, "g2p: {}\n", e.what());
-    return 1;
-  }
+    set_num_threads(c.threads);
+    manual_seed(c.seed);
+    if (!load.empty()) return predict(load, words, c);
+    program::check_memory(training_bytes(c),
+                          fmt::format("training with --layers {} --d-model {} --d-ff {} "
+                                      "--batch-tokens {}",
+                                      c.layers, c.d_model, c.d_ff, c.batch_tokens));
+    if (resume.empty())
+      program::prepare_out_dir(out, {"model.safetensors", "metrics.json", "loss.svg",
+                                     "predictions.tsv", "checkpoint.safetensors", "run.json"});
+    return train(c, out, !resume.empty());
+  });
 }
