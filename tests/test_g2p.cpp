@@ -157,6 +157,46 @@ BOOST_AUTO_TEST_CASE(example_trains_on_a_slice_and_predicts) {
   BOOST_TEST(read_text(dir / "stderr").find("pocketsphinx-en-us") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+// A run stopped twice (mid-epoch, by --max-steps) and resumed ends with the same losses, WERs,
+// model bytes and predictions as the same run never stopped.
+BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
+  if (!std::filesystem::exists(g2p::kDefaultDict)) {
+    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
+    return;
+  }
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("ember_g2p_resume_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string config =
+      "--limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 --d-ff 64 --heads 2 "
+      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
+  const std::string a = (dir / "a").string(), b = (dir / "b").string();
+  // Each run's status is read before its stderr: a message argument is evaluated eagerly.
+  const auto expect_ok = [&](const std::string& args) {
+    const int status = run_g2p(args, dir);
+    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
+  };
+  expect_ok(fmt::format("{} --out '{}'", config, a));
+  expect_ok(fmt::format("{} --out '{}' --max-steps 9 --checkpoint-every 4", config, b));
+  BOOST_TEST(read_text(dir / "stdout").find("continue with --resume") != std::string::npos);
+  BOOST_TEST(!std::filesystem::exists(dir / "b/metrics.json"));
+  expect_ok(fmt::format("--resume '{}' --threads 1 --max-steps 12", b));
+  BOOST_TEST(read_text(dir / "stdout").find("resumed") != std::string::npos);
+  expect_ok(fmt::format("--resume '{}' --threads 1", b));
+  const auto ma = nlohmann::json::parse(read_text(dir / "a/metrics.json"));
+  const auto mb = nlohmann::json::parse(read_text(dir / "b/metrics.json"));
+  BOOST_TEST(ma.at("train_loss").size() == 2u);
+  for (const char* key : {"train_loss", "dev_wer", "test_wer", "test_per", "test_wer_beam"})
+    BOOST_TEST(ma.at(key) == mb.at(key), key << ": " << ma.at(key) << " vs " << mb.at(key));
+  BOOST_TEST(read_text(dir / "a/model.safetensors") == read_text(dir / "b/model.safetensors"));
+  BOOST_TEST(read_text(dir / "a/predictions.tsv") == read_text(dir / "b/predictions.tsv"));
+
+  // The configuration comes from the run: a flag that would change it is a usage error.
+  BOOST_TEST(run_g2p(fmt::format("--resume '{}' --d-model 64", b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("run.json") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
 #endif
 
 BOOST_AUTO_TEST_SUITE_END()
