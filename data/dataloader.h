@@ -35,6 +35,7 @@ struct DataLoaderOptions {
   int64_t pool_size = 0;  // examples sorted together (0: the whole epoch)
   int64_t pad = Vocab::kPad;
 };
+static_assert(Vocab::kPad == nn::Batch::kDefaultPad, "one pad id by default everywhere");
 
 class DataLoader {
  public:

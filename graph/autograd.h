@@ -145,6 +145,8 @@ Tensor record(std::string_view op, Tensor out, std::initializer_list<Tensor> inp
 // As record, for ops of a variable number of inputs (cat, stack).
 template <class N, class... Args>
 Tensor record(std::string_view op, Tensor out, const std::vector<Tensor>& inputs, Args&&... args) {
+  if (is_anomaly_enabled()) [[unlikely]]
+    check_forward_finite(op, out);
   if (any_requires_grad(inputs))
     connect(make_node<N>(op, std::forward<Args>(args)...), inputs, {&out});
   return out;

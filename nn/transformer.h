@@ -247,8 +247,13 @@ Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src
 //   tgt_mask (B, T, T)  non-pad target tokens that are not in the future;
 //   ntokens             non-pad tokens of tgt_y.
 // Without tgt, only src and src_mask are set.
+// The pad id defaults to 0 (kDefaultPad), as data::Vocab's <pad>, data::DataLoader's padding and
+// pad_sequence's padding_value: a batch built from them gets the right masks without naming it.
+// (The Annotated Transformer's Batch defaults to 2, its vocabulary's <blank>; a vocabulary whose
+// pad is not 0 passes its id.)
 struct Batch {
-  explicit Batch(Tensor src, const Tensor& tgt = {}, int64_t pad = 2);
+  static constexpr int64_t kDefaultPad = 0;
+  explicit Batch(Tensor src, const Tensor& tgt = {}, int64_t pad = kDefaultPad);
   // (tgt != pad).unsqueeze(-2) & subsequent_mask(T).
   static Tensor make_std_mask(const Tensor& tgt, int64_t pad);
 

@@ -6,6 +6,8 @@
 #include "ops/elementwise.h"
 
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
@@ -28,6 +30,11 @@ DType arith_type(const Tensor& a, const Tensor& b, Integral integral) {
   if (is_floating(t)) return t;
   return integral == Integral::ToFloat ? kFloat32 : t;
 }
+
+// A double the integral dtypes hold exactly as a whole number: `t op s` with such an s keeps an
+// integral tensor integral (torch's int scalars); any other s (fractional, ±inf, NaN, beyond
+// int64) makes it Float32.
+bool is_whole(double s) { return std::floor(s) == s && s >= -0x1p63 && s < 0x1p63; }
 
 // Int64 arithmetic wraps around on overflow, as torch's (signed overflow is undefined in C++).
 template <class T>
@@ -172,7 +179,7 @@ namespace {
 // Integral::Keep).
 DType scalar_type(const Tensor& t, double s, Integral integral) {
   if (is_floating(t.dtype())) return t.dtype();
-  return integral == Integral::Keep && std::floor(s) == s ? kInt64 : kFloat32;
+  return integral == Integral::Keep && is_whole(s) ? kInt64 : kFloat32;
 }
 
 // f(x, s) for every element x, in scalar_type's dtype; no Node.
@@ -431,6 +438,139 @@ Tensor abs(const Tensor& x) {
         using T = decltype(v);
         return v > 0 ? g : v < 0 ? -g : T(0);
       });
+}
+
+// --- clamp, minimum, maximum
+
+namespace {
+
+// y = min(max(x, lo), hi), each bound only when given:  dX = dY where lo <= x <= hi (as torch's
+// clamp_backward: NaN inputs get 0)
+struct ClampBackward final : Node {
+  ClampBackward(const Tensor& x, std::optional<double> lo, std::optional<double> hi)
+      : lo_(lo), hi_(hi) {
+    save(x_, x);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    return {dispatch_float(g.dtype(), op(), [&]<class T>() {
+      constexpr T inf = std::numeric_limits<T>::infinity();
+      const T lo = lo_ ? static_cast<T>(*lo_) : -inf, hi = hi_ ? static_cast<T>(*hi_) : inf;
+      return zip<T, T, T>(g, x_.get(), op(),
+                          [=](T d, T v) { return v >= lo && v <= hi ? d : T(0); });
+    })};
+  }
+  std::optional<double> lo_, hi_;
+  SavedTensor x_;
+};
+
+}  // namespace
+
+// As torch.clamp: a floating tensor keeps its dtype; an integral (or Bool) one becomes Int64
+// for whole bounds and Float32 otherwise. NaN in x stays NaN; min > max gives max everywhere.
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  constexpr std::string_view op = "clamp";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(min || max, "{}: at least one of min and max must be given (both are nullopt)", op);
+  const bool whole = (!min || is_whole(*min)) && (!max || is_whole(*max));
+  const DType t = is_floating(x.dtype()) ? x.dtype() : whole ? kInt64 : kFloat32;
+  const Tensor in = as_type(x, t);
+  Tensor out = dispatch_numeric(t, op, [&]<class T>() {
+    const T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                          : std::numeric_limits<T>::lowest();
+    const T highest = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
+                                                           : std::numeric_limits<T>::max();
+    const T lo = min ? cast_value<T>(*min) : lowest, hi = max ? cast_value<T>(*max) : highest;
+    return map<T, T>(in, [=](T v) {
+      const T r = v < lo ? lo : v;  // NaN compares false and passes through
+      return r > hi ? hi : r;
+    });
+  });
+  return record<ClampBackward>(op, out, {x}, in, min, max);
+}
+
+namespace {
+
+// c = maximum(a, b) (Max) or minimum(a, b), split as torch: the selected operand gets dC, the
+// other 0, and ties give dC / 2 to each (elements where either is NaN: dC to both).
+template <bool Max>
+struct ExtremumBackward final : Node {
+  ExtremumBackward(const Tensor& a, const Tensor& b) { save(a_, a), save(b_, b); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    return dispatch_float(g.dtype(), op(), [&]<class T>() {
+      const Tensor a = as_type(a_.get(), g.dtype()), b = as_type(b_.get(), g.dtype());
+      // The gradient of the operand x against the other y: 0 where y wins.
+      const auto grad_of = [&](const Tensor& x, const Tensor& y) {
+        Tensor out = empty(g.shape(), g.dtype());
+        ternary_into<T, T, T, T>(g, x, y, out, [](T d, T u, T v) {
+          return u == v ? d / T(2) : (Max ? u < v : u > v) ? T(0) : d;
+        });
+        return out;
+      };
+      return std::vector<Tensor>{needs_grad(0) ? grad_of(a, b) : Tensor(),
+                                 needs_grad(1) ? grad_of(b, a) : Tensor()};
+    });
+  }
+  SavedTensor a_, b_;
+};
+
+}  // namespace
+
+// Elementwise max/min of a and b, broadcasting, in the promoted dtype (Bool stays Bool); a NaN
+// in either operand gives NaN, as torch.
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return arith<ExtremumBackward<true>>(
+      a, b, "maximum", Integral::Keep,
+      []<class T>(T x, T y) {
+        if constexpr (std::is_floating_point_v<T>)
+          return x > y || x != x ? x : y;
+        else
+          return x > y ? x : y;
+      },
+      a, b);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return arith<ExtremumBackward<false>>(
+      a, b, "minimum", Integral::Keep,
+      []<class T>(T x, T y) {
+        if constexpr (std::is_floating_point_v<T>)
+          return x < y || x != x ? x : y;
+        else
+          return x < y ? x : y;
+      },
+      a, b);
+}
+
+// --- isnan, isfinite -> Bool (integral elements are never NaN and always finite)
+
+Tensor isnan(const Tensor& x) {
+  constexpr std::string_view op = "isnan";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  return dispatch_all(x.dtype(), [&]<class T>() {
+    return map<T, bool>(x, [](T v) {
+      if constexpr (std::is_floating_point_v<T>)
+        return v != v;
+      else
+        return (void)v, false;
+    });
+  });
+}
+
+Tensor isfinite(const Tensor& x) {
+  constexpr std::string_view op = "isfinite";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  return dispatch_all(x.dtype(), [&]<class T>() {
+    return map<T, bool>(x, [](T v) {
+      if constexpr (std::is_floating_point_v<T>)
+        return std::isfinite(v);
+      else
+        return (void)v, true;
+    });
+  });
 }
 
 // --- comparisons -> Bool

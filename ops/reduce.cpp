@@ -5,17 +5,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "graph/autograd.h"
+#include "graph/copy.h"
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/kernels.h"
 
 namespace ember {
 
 namespace {
+
+// Treats NaN as larger than every number, so NaN propagates as in torch.
+template <class T>
+bool greater(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a)) return !std::isnan(b);
+  }
+  return a > b;
+}
 
 // Sorted, wrapped, unique dims to reduce; an empty list means every dim.
 std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims,
@@ -181,6 +193,162 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
   return div(sum(mul(centered, centered), dims, keepdim), divisor);
 }
 
+namespace {
+
+// y = sqrt(v) with v = var(x): dV = dY / (2 y), 0 where y is 0 (torch's std_backward: a constant
+// input gets a zero gradient, not 0 · inf), and var's own graph takes dV back to x.
+struct StdBackward final : Node {
+  explicit StdBackward(const Tensor& y) { save(y_, y); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {dispatch_float(grads[0].dtype(), op(), [&]<class T>() {
+      return zip<T, T, T>(grads[0], y_.get(), op(),
+                          [](T d, T y) { return y == T(0) ? T(0) : d / (T(2) * y); });
+    })};
+  }
+  SavedTensor y_;
+};
+
+}  // namespace
+
+Tensor std(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepdim) {
+  constexpr std::string_view op = "std";
+  profile::Scope scope(op);
+  check_floating(x, op);
+  reduced_dims(x, dims, op);  // errors name std, not var
+  const Tensor v = var(x, std::move(dims), unbiased, keepdim);
+  Tensor out = dispatch_float(
+      v.dtype(), op, [&]<class T>() { return map<T, T>(v, [](T e) { return std::sqrt(e); }); });
+  return record<StdBackward>(op, out, {v}, out);
+}
+
+// --- logsumexp
+
+namespace {
+
+// y = log(sum(exp(x)) over the reduced dims):  dX = dY exp(x - y), dY and y broadcast back
+struct LogsumexpBackward final : Node {
+  LogsumexpBackward(const Tensor& x, const Tensor& y, std::vector<bool> reduce, bool keepdim)
+      : reduce_(std::move(reduce)), keepdim_(keepdim) {
+    save(x_, x), save(y_, y);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& x = x_.get();
+    const Tensor g = expand_reduced(grads[0], x.shape(), reduce_, keepdim_);
+    const Tensor y = expand_reduced(y_.get(), x.shape(), reduce_, keepdim_);
+    Tensor grad_x = empty(x.shape(), grads[0].dtype());
+    dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
+      ternary_into<T, T, T, T>(g, x, y, grad_x, [](T d, T v, T l) { return d * std::exp(v - l); });
+    });
+    return {grad_x};
+  }
+  std::vector<bool> reduce_;
+  bool keepdim_;
+  SavedTensor x_, y_;
+};
+
+}  // namespace
+
+// Row by row over a copy with the kept dims first and the reduced ones last: m + log(sum(exp(x -
+// m))) with m the row's largest element, or 0 when that is ±inf (a row of -inf gives -inf, one
+// holding +inf gives +inf, NaN gives NaN), and -inf for a row of no element, as torch.
+Tensor logsumexp(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  constexpr std::string_view op = "logsumexp";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  const Tensor in = as_floating(x);
+  const std::vector<bool> reduce = reduced_dims(in, dims, op);
+  Shape shape, strides;  // kept dims, then reduced ones
+  for (bool reduced : {false, true})
+    for (int64_t d = 0; d < in.dim(); ++d)
+      if (reduce[d] == reduced) shape.push_back(in.size(d)), strides.push_back(in.stride(d));
+  const Tensor rows = make_view(in.detach(), shape, strides, in.storage_offset()).contiguous();
+  Tensor out = empty(reduced_shape(in.shape(), reduce, keepdim), in.dtype());
+  const int64_t n = reduced_count(in, reduce), count = out.numel();
+  dispatch_float(in.dtype(), op, [&]<class T>() {
+    const T* px = rows.data<T>();
+    T* po = out.data<T>();
+    parallel_for(
+        count,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const T* row = px + i * n;
+            T m = -std::numeric_limits<T>::infinity();
+            for (int64_t j = 0; j < n; ++j)
+              if (greater(row[j], m)) m = row[j];
+            if (std::isinf(m)) m = T(0);
+            double s = 0;
+            for (int64_t j = 0; j < n; ++j) s += static_cast<double>(std::exp(row[j] - m));
+            po[i] = static_cast<T>(std::log(s)) + m;
+          }
+        },
+        row_grain(n));
+  });
+  return record<LogsumexpBackward>(op, out, {x}, in, out, reduce, keepdim);
+}
+
+// --- cumsum
+
+namespace {
+
+// out = the running sum of x along dim (from the end when `reverse`), accumulated in double for
+// floating tensors and in wrapping uint64 for integral ones; out is a new contiguous tensor of
+// x's shape and dtype `out_dtype` (x's, or Int64 for integral x).
+Tensor cumsum_impl(const Tensor& x, int64_t dim, bool reverse, DType out_dtype) {
+  Tensor out = empty(x.shape(), out_dtype);
+  if (x.numel() == 0) return out;
+  if (x.dim() == 0) {
+    copy_into(out, x);
+    return out;
+  }
+  const int64_t n = x.size(dim), sx = x.stride(dim), so = out.stride(dim);
+  Shape outer = x.shape();
+  outer[dim] = 1;
+  dispatch_all(x.dtype(), [&]<class T>() {
+    dispatch_all(out_dtype, [&]<class O>() {
+      if constexpr (std::is_same_v<O, float> || std::is_same_v<O, double> ||
+                    std::is_same_v<O, int64_t>) {
+        using Acc = std::conditional_t<std::is_floating_point_v<O>, double, uint64_t>;
+        const T* px = x.data<T>();
+        O* po = out.data<O>();
+        StridedLoop<2> loop(outer, {out.strides(), x.strides()});
+        loop.run([&](const auto& off, int64_t len, const auto& st) {
+          for (int64_t i = 0; i < len; ++i) {
+            const T* in = px + off[1] + i * st[1];
+            O* o = po + off[0] + i * st[0];
+            Acc acc = 0;
+            for (int64_t k = 0; k < n; ++k) {
+              const int64_t j = reverse ? n - 1 - k : k;
+              acc += static_cast<Acc>(in[j * sx]);
+              o[j * so] = static_cast<O>(acc);
+            }
+          }
+        });
+      }
+    });
+  });
+  return out;
+}
+
+// y = cumsum(x, dim):  dX = the running sum of dY along dim from the end
+struct CumsumBackward final : Node {
+  explicit CumsumBackward(int64_t dim) : dim_(dim) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {cumsum_impl(grads[0], dim_, true, grads[0].dtype())};
+  }
+  int64_t dim_;
+};
+
+}  // namespace
+
+Tensor cumsum(const Tensor& x, int64_t dim) {
+  constexpr std::string_view op = "cumsum";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
+  return record<CumsumBackward>(op, cumsum_impl(x, d, false, out_dtype), {x}, d);
+}
+
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   constexpr std::string_view op = "sum_to";
   profile::Scope scope(op);
@@ -199,15 +367,6 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 // --- max and argmax
 
 namespace {
-
-// Treats NaN as larger than every number, so NaN propagates as in torch.
-template <class T>
-bool greater(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a)) return !std::isnan(b);
-  }
-  return a > b;
-}
 
 // values/indices (keepdim layout) of the largest element along `dim`.
 template <class T>

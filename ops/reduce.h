@@ -1,5 +1,6 @@
-// Reductions: sum, mean, var, max/argmax, and sum_to (the broadcast-gradient reduction the
-// engine applies). Dims may be negative; an empty dims list reduces every dim, as torch.
+// Reductions: sum, mean, var, std, logsumexp, cumsum (a scan), max/argmax, and sum_to (the
+// broadcast-gradient reduction the engine applies). Dims may be negative; an empty dims list
+// reduces every dim, as torch.
 #pragma once
 
 #include "graph/tensor.h"

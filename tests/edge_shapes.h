@@ -86,7 +86,8 @@ inline std::string edge_text(const Tensor& t) {
   return s;
 }
 
-// `got` agrees with PyTorch's text: shape and dtype exactly, values to 1e-12 (NaN matches NaN).
+// `got` agrees with PyTorch's text: shape and dtype exactly, values to 1e-12 (NaN matches NaN,
+// an infinity the same infinity).
 inline void expect_edge(const Tensor& got, const std::string& expected, const std::string& what) {
   const std::string head = fmt::format("{} {}", got.shape(), got.dtype());
   if (expected.compare(0, head.size(), head) != 0 ||
@@ -100,7 +101,9 @@ inline void expect_edge(const Tensor& got, const std::string& expected, const st
   for (double v : values) {
     rest >> word;
     const double e = std::strtod(word.c_str(), nullptr);
-    const bool same = std::isnan(e) ? std::isnan(v) : std::abs(v - e) <= 1e-12 * (1 + std::abs(e));
+    const bool same = std::isnan(e)   ? std::isnan(v)
+                      : std::isinf(e) ? v == e
+                                      : std::abs(v - e) <= 1e-12 * (1 + std::abs(e));
     if (!same) {
       BOOST_ERROR(what << ": got " << edge_text(got) << ", torch " << expected);
       return;

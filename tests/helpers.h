@@ -29,7 +29,8 @@ inline Tensor leaf(const Shape& shape, double scale = 1.0) {
   return t.detach().requires_grad_();
 }
 
-// Tensors agree elementwise: |a - b| <= atol + rtol |b|, with the same shape.
+// Tensors agree elementwise: |a - b| <= atol + rtol |b|, with the same shape; NaN matches NaN and
+// an infinity only the same infinity.
 inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6,
                          const std::string& what = "") {
   BOOST_TEST_REQUIRE((a.shape() == b.shape()), what << ": shape " << fmt::format("{}", a.shape())
@@ -40,8 +41,9 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
   size_t at = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     const double excess = std::abs(x[i] - y[i]) - (atol + rtol * std::abs(y[i]));
-    if (excess > worst || (std::isnan(x[i]) != std::isnan(y[i]))) {
-      worst = std::isnan(excess) ? 1e300 : excess;
+    const bool inf_differs = (std::isinf(x[i]) || std::isinf(y[i])) && x[i] != y[i];
+    if (excess > worst || (std::isnan(x[i]) != std::isnan(y[i])) || inf_differs) {
+      worst = std::isnan(excess) || inf_differs ? 1e300 : excess;
       at = i;
     }
   }

@@ -9,7 +9,8 @@
 //     naming the op; the same values from non-contiguous copies of the inputs; the output
 //     requires grad exactly when it should; the inputs are left unchanged; the graph is freed;
 //   - edge shapes (tests/edge_shapes.h, check_edge_shapes): each input dim made 0, all dims 1,
-//     on every layout, against PyTorch's result or its error.
+//     on every layout, against PyTorch's result or its error;
+//   - anomaly mode (check_anomaly): a NaN input whose result is not finite throws.
 //
 // Adding a row (the op itself lives in ops/) to the family's `const OpTable k…Ops = {…};`:
 //     {"gelu", "F.gelu(a)", {{3, 4}}, {}, [](auto& v) { return gelu(v[0]); }},
@@ -35,7 +36,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -285,6 +288,48 @@ void for_rows(const OpTable& table, Wanted wanted, Check check) {
   }
 }
 
+// set_detect_anomaly(on) for one scope, off again however the scope ends.
+class AnomalyMode {
+ public:
+  AnomalyMode() { set_detect_anomaly(true); }
+  ~AnomalyMode() { set_detect_anomaly(false); }
+  AnomalyMode(const AnomalyMode&) = delete;
+  AnomalyMode& operator=(const AnomalyMode&) = delete;
+};
+
+// Anomaly mode checks every op's forward output (graph/autograd.h, check_forward_finite): with a
+// NaN in the first floating input, a row whose result holds a NaN or an Inf must throw, since at
+// least its last op made a non-finite output; an op that skipped the check would let it through.
+inline void anomaly_row(const OpCase& c) {
+  manual_seed(seed_of(c.name) + 2);
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < c.shapes.size(); ++i)
+    inputs.push_back(make_input(c.shapes[i], c.domain(i)));
+  const auto first = std::find_if(inputs.begin(), inputs.end(), [](const Tensor& t) {
+    return is_floating_input(t) && t.numel() > 0;
+  });
+  if (first == inputs.end()) return;
+  Tensor poisoned = first->detach().clone();
+  poisoned.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+  *first = poisoned.requires_grad_();
+  const Tensor out = c.f(inputs);
+  if (!is_floating(out.dtype())) return;
+  const std::vector<double> values = out.to_vector<double>();
+  if (std::all_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); })) return;
+  AnomalyMode anomaly;
+  try {
+    c.f(inputs);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    BOOST_TEST((msg.find("NaN/Inf") != std::string::npos &&
+                msg.find("anomaly detection") != std::string::npos),
+               "message '" << msg << "'");
+    return;
+  }
+  BOOST_ERROR("a NaN in input " << (first - inputs.begin())
+                                << " made a non-finite result, but anomaly mode did not throw");
+}
+
 }  // namespace detail
 
 // The three drivers a family's test file calls on its table.
@@ -318,6 +363,12 @@ inline void check_edge_cases(const OpTable& table) {
   BOOST_TEST(live_nodes() == nodes, "live Nodes after every row's forward and backward");
   BOOST_TEST(live_tensor_impls() == impls,
              "live TensorImpls after every row's forward and backward");
+}
+
+// Anomaly mode on every row (detail::anomaly_row).
+inline void check_anomaly(const OpTable& table) {
+  detail::for_rows(
+      table, [](const OpCase&) { return true; }, detail::anomaly_row);
 }
 
 }  // namespace ember::testing

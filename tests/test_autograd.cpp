@@ -1,6 +1,12 @@
 // The autograd engine: accumulation, grad mode, retain_graph, version counters, anomaly mode,
 // freeing of the graph (no cycles, no recursion), and its errors.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <boost/test/unit_test.hpp>
 
@@ -105,6 +111,57 @@ BOOST_AUTO_TEST_CASE(anomaly_mode) {
   expect_error([&] { (void)(w * 2.0).log(); }, {"log", "NaN/Inf", "[2]", "element 0"});
   set_detect_anomaly(false);
   BOOST_TEST(std::isnan((w * 2.0).log().to_vector<double>()[0]));
+}
+
+// Every kind of op checks its forward output, not only the math functions of unary_math:
+// binary arithmetic, products through BLAS, fused kernels, reductions, ops of several outputs and
+// of a variable number of inputs, and views; each throws naming itself, whether its inputs
+// require grad or not.
+BOOST_AUTO_TEST_CASE(anomaly_mode_names_every_kind_of_op) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const bool grad : {false, true}) {
+    const auto leaf = [&](Tensor t) { return grad ? t.requires_grad_() : t; };
+    const Tensor zero = leaf(zeros({2}, kFloat64)), big = leaf(full({2, 2}, 1e200, kFloat64));
+    const Tensor huge = leaf(full({2}, 1e308, kFloat64));
+    const Tensor with_nan = leaf(tensor({1, std::nan("")}, kFloat64));
+    const Tensor infs = leaf(tensor({inf, -inf}, kFloat64));
+    const std::vector<std::pair<std::string, std::function<Tensor()>>> cases = {
+        {"log", [&] { return log(leaf(tensor({-1.0}, kFloat64))); }},
+        {"div", [&] { return zero / zero; }},
+        {"mul", [&] { return big * big; }},
+        {"matmul", [&] { return matmul(big, big); }},
+        {"linear", [&] { return linear(big, big); }},
+        {"exp", [&] { return exp(leaf(tensor({1000.0}, kFloat64))); }},
+        {"softmax", [&] { return softmax(infs, 0); }},
+        {"sum", [&] { return sum(huge); }},
+        {"logsumexp", [&] { return logsumexp(infs, {0}); }},
+        {"cumsum", [&] { return cumsum(huge, 0); }},
+        {"clamp", [&] { return clamp(with_nan, 0.0, 1.0); }},
+        {"maximum", [&] { return maximum(with_nan, zero); }},
+        {"cat",
+         [&] {
+           return cat({with_nan, zero}, 0);
+         }},
+        {"stack",
+         [&] {
+           return stack({with_nan, zero}, 0);
+         }},
+        {"max", [&] { return max(with_nan, 0).values; }},
+        {"reshape",
+         [&] {
+           return with_nan.reshape({2, 1});
+         }},
+    };
+    for (const auto& [op, f] : cases) {
+      BOOST_TEST_CONTEXT(op << (grad ? " (inputs require grad)" : "")) {
+        set_detect_anomaly(true);
+        expect_error([&] { (void)f(); }, {op + ":", "NaN/Inf", "anomaly"});
+        set_detect_anomaly(false);
+        const Tensor out = f();  // without anomaly mode the non-finite values flow on
+        BOOST_TEST(sum(out.isfinite()).item<int64_t>() < out.numel());
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(graph_is_freed) {

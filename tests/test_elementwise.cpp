@@ -1,5 +1,8 @@
 // Elementwise ops: one table of cases (tests/op_table.h) drives gradcheck on three layouts, the
 // PyTorch golden values and the edge cases; then dtype rules, in-place ops and errors.
+#include <cmath>
+#include <limits>
+
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -52,6 +55,35 @@ const OpTable kElementwiseOps = {
     {"sigmoid", "torch.sigmoid(a)", {{3, 4}}, {}, [](auto& v) { return sigmoid(v[0]); }},
     {"relu", "torch.relu(a)", {{3, 4}}, {}, [](auto& v) { return relu(v[0]); }},
     {"abs", "torch.abs(a)", {{3, 4}}, {}, [](auto& v) { return abs(v[0]); }},
+    // clamp, minimum, maximum: Integer inputs put values on the bounds and make ties, where
+    // finite differences straddle the kink (golden gradients only)
+    {"clamp", "torch.clamp(a, -0.5, 0.5)", {{3, 4}}, {},
+     [](auto& v) { return clamp(v[0], -0.5, 0.5); }},
+    {"clamp min only", "torch.clamp(a, min=-0.3)", {{3, 4}}, {},
+     [](auto& v) { return v[0].clamp(-0.3); }},
+    {"clamp max only", "a.clamp(max=0.2)", {{2, 3, 4}}, {},
+     [](auto& v) { return clamp(v[0], std::nullopt, 0.2); }},
+    {"clamp min above max", "torch.clamp(a, 0.5, -0.5)", {{3, 4}}, {},
+     [](auto& v) { return clamp(v[0], 0.5, -0.5); }},
+    {"clamp on the bounds", "torch.clamp(a, -1.0, 2.0)", {{3, 4}}, {Integer},
+     [](auto& v) { return clamp(v[0], -1.0, 2.0); }, kNoGradcheck},
+    {"maximum", "torch.maximum(a, b)", {{3, 4}, {3, 4}}, {},
+     [](auto& v) { return maximum(v[0], v[1]); }},
+    {"minimum", "torch.minimum(a, b)", {{3, 4}, {3, 4}}, {},
+     [](auto& v) { return v[0].minimum(v[1]); }},
+    {"maximum broadcast both", "torch.maximum(a, b)", {{3, 1}, {1, 4}}, {},
+     [](auto& v) { return maximum(v[0], v[1]); }},
+    {"minimum broadcast 0-d", "torch.minimum(a, b)", {{2, 3}, {}}, {},
+     [](auto& v) { return minimum(v[0], v[1]); }},
+    {"maximum ties", "torch.maximum(a, b)", {{3, 4}, {3, 4}}, {Integer, Integer},
+     [](auto& v) { return maximum(v[0], v[1]); }, kNoGradcheck},
+    {"minimum ties broadcast", "torch.minimum(a, b)", {{3, 4}, {4}}, {Integer, Integer},
+     [](auto& v) { return minimum(v[0], v[1]); }, kNoGradcheck},
+    // NaN and infinity tests: log of negative numbers is NaN, 1 / 0 is inf
+    {"isnan log", "torch.isnan(torch.log(a))", {{3, 4}}, {},
+     [](auto& v) { return isnan(log(v[0])); }, kNoGrad},
+    {"isfinite rdiv", "torch.isfinite(1.0 / a)", {{3, 4}}, {Integer},
+     [](auto& v) { return (1.0 / v[0]).isfinite(); }, kNoGrad},
     // selection by a mask
     {"where", "torch.where(a, b, c)", {{3, 4}, {3, 4}, {3, 4}}, {Bool},
      [](auto& v) { return where(v[0], v[1], v[2]); }},
@@ -93,6 +125,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kElementwiseOps); }
 
 BOOST_AUTO_TEST_CASE(dtypes_and_logic) {
   const Tensor i = tensor({1, 2, 3}, kInt64);
@@ -113,6 +146,55 @@ BOOST_AUTO_TEST_CASE(dtypes_and_logic) {
   BOOST_TEST((eq(tensor({0.1f}), 0.1).item<bool>()));  // scalar cast to the tensor's dtype
 }
 
+BOOST_AUTO_TEST_CASE(clamp_minimum_maximum_and_nan_tests) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  // clamp's dtype, as torch: integral stays Int64 for whole bounds, else Float32; Bool too.
+  const Tensor i = tensor({1, 2, 3}, kInt64);
+  BOOST_TEST((clamp(i, 1.0, 2.0).dtype() == kInt64));
+  BOOST_TEST((clamp(i, 1.0, 2.0).to_vector<int64_t>() == std::vector<int64_t>{1, 2, 2}));
+  BOOST_TEST((clamp(i, 1.5).dtype() == kFloat32));
+  BOOST_TEST((clamp(i, 1.5).to_vector<float>() == std::vector<float>{1.5f, 2, 3}));
+  BOOST_TEST((clamp(i, std::nullopt, inf).dtype() == kFloat32));
+  BOOST_TEST((clamp(tensor({1, 0}, kBool), 0.0, 1.0).dtype() == kInt64));
+  BOOST_TEST((clamp(tensor({1.0}, kFloat64), 0.0).dtype() == kFloat64));
+  // NaN passes through; min > max gives max; the gradient is 0 at NaN and outside the bounds.
+  Tensor x = from_vector(std::vector<double>{1, nan, 5, 2, 3}, {5}, kFloat64).requires_grad_();
+  const Tensor c = clamp(x, 3.0, 2.0);
+  const std::vector<double> cv = c.to_vector<double>();
+  BOOST_TEST((cv[0] == 2 && std::isnan(cv[1]) && cv[2] == 2 && cv[3] == 2 && cv[4] == 2));
+  clamp(x, 2.0, 3.0).sum().backward();
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 1, 1}));
+  // maximum/minimum: NaN wins; ties split the gradient; NaN gives both operands the gradient.
+  Tensor a = tensor({1, 2, nan, 3}, kFloat64).requires_grad_();
+  Tensor b = tensor({1, 3, 1, nan}, kFloat64).requires_grad_();
+  const Tensor m = maximum(a, b);
+  const std::vector<double> mv = m.to_vector<double>();
+  BOOST_TEST((mv[0] == 1 && mv[1] == 3 && std::isnan(mv[2]) && std::isnan(mv[3])));
+  m.backward(ones({4}, kFloat64));
+  BOOST_TEST((a.grad().to_vector<double>() == std::vector<double>{0.5, 0, 1, 1}));
+  BOOST_TEST((b.grad().to_vector<double>() == std::vector<double>{0.5, 1, 1, 1}));
+  BOOST_TEST(std::isnan(minimum(a, b).to_vector<double>()[3]));
+  BOOST_TEST((minimum(a, b).to_vector<double>()[1] == 2));
+  // Promotion as the arithmetic ops: Int64 with Float32 is Float32, Bool with Bool stays Bool.
+  const Tensor mixed = maximum(tensor({1, 2}, kInt64), tensor({1.5, 0.5}));
+  BOOST_TEST((mixed.dtype() == kFloat32));
+  BOOST_TEST((mixed.to_vector<float>() == std::vector<float>{1.5f, 2}));
+  const Tensor bools = maximum(tensor({1, 0}, kBool), tensor({0, 0}, kBool));
+  BOOST_TEST((bools.dtype() == kBool));
+  BOOST_TEST((bools.to_vector<int64_t>() == std::vector<int64_t>{1, 0}));
+  BOOST_TEST((minimum(tensor({4, -2}, kInt64), tensor({3}, kInt64)).to_vector<int64_t>() ==
+              std::vector<int64_t>{3, -2}));
+  // isnan / isfinite on every dtype; no gradient.
+  const Tensor v = tensor({nan, inf, -inf, 1.0, -0.0}, kFloat64).requires_grad_();
+  BOOST_TEST((isnan(v).dtype() == kBool));
+  BOOST_TEST(!isnan(v).requires_grad());
+  BOOST_TEST((isnan(v).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 0, 0}));
+  BOOST_TEST((v.isfinite().to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0, 1, 1}));
+  BOOST_TEST((isnan(v.to(kFloat32)).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 0, 0}));
+  BOOST_TEST((isnan(i).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0}));
+  BOOST_TEST((isfinite(tensor({1}, kBool)).to_vector<int64_t>() == std::vector<int64_t>{1}));
+}
+
 BOOST_AUTO_TEST_CASE(in_place) {
   Tensor x = ones({2, 3});
   x.add_(tensor({1, 2, 3})).mul_(2.0);
@@ -131,6 +213,9 @@ BOOST_AUTO_TEST_CASE(in_place) {
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { gelu(ones({2}), "fast"); }, {"gelu", "approximate", "fast"});
   expect_error([] { add(ones({2, 3}), ones({4, 5})); }, {"add", "[2, 3]", "[4, 5]"});
+  expect_error([] { clamp(ones({2}), std::nullopt, std::nullopt); }, {"clamp", "at least one"});
+  expect_error([] { maximum(ones({2, 3}), ones({4})); }, {"maximum", "[2, 3]", "[4]"});
+  expect_error([] { minimum(ones({2}), ones({3})); }, {"minimum", "[2]", "[3]"});
   expect_error([] { mul(ones({2}), ones({3})); }, {"mul", "[2]", "[3]"});
   expect_error([] { where(ones({2}), ones({2}), ones({2})); }, {"where", "Bool"});
   expect_error([] { masked_fill(ones({2, 3}), ones({2, 3}), 0); }, {"masked_fill", "Bool"});

@@ -100,6 +100,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kIndexOps); }
 
 // Non-contiguous (transposed, expanded, narrowed) inputs, size-1 and 0-d shapes, negative dims.
 BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {

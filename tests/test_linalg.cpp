@@ -173,6 +173,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLinalgOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kLinalgOps); }
 
 BOOST_AUTO_TEST_CASE(blas_cases_gradcheck_and_reference) {
   manual_seed(7);
@@ -270,6 +271,23 @@ BOOST_AUTO_TEST_CASE(mixed_float_dtypes_are_refused) {
         linear(ones({2, 3}), ones({4, 3}), ones({4}, kFloat64));
       },
       {"linear", "bias", "Float64"});
+  // Either order, every matmul form (1-D, batched, broadcast), and a Float64 input to linear.
+  expect_error([] { matmul(ones({3}, kFloat64), ones({3, 2})); }, {"matmul", "Float64", "Float32"});
+  expect_error([] { matmul(ones({3}), ones({3}, kFloat64)); }, {"matmul", "Float32", "Float64"});
+  expect_error([] { matmul(ones({2, 2, 3}, kFloat64), ones({3, 4})); }, {"matmul", "Float64"});
+  expect_error(
+      [] {
+        bmm(ones({1, 2, 3}), ones({1, 3, 2}, kFloat64));
+      },
+      {"bmm", "Float32", "Float64"});
+  expect_error(
+      [] {
+        linear(ones({2, 3}, kFloat64), ones({4, 3}));
+      },
+      {"linear", "Float64", "Float32"});
+  expect_error([] { ones({2, 3}).matmul(ones({3, 2}, kFloat64)); }, {"matmul", "Float64"});
+  // Integral operands are refused too, as torch ("not implemented for 'Long'").
+  expect_error([] { matmul(ones({2, 3}, kInt64), ones({3, 2}, kInt64)); }, {"matmul", "Int64"});
 }
 
 BOOST_AUTO_TEST_CASE(shapes_follow_torch) {

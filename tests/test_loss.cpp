@@ -184,6 +184,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kLossOps); }
 
 // kl_div with zeros in the target (ops.json): zero entries contribute 0.
 BOOST_AUTO_TEST_CASE(kl_div_zero_targets_golden) {

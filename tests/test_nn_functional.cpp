@@ -108,6 +108,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kNnFunctionalOps); }
 
 // --- softmax / log_softmax
 

@@ -1,6 +1,9 @@
 // Reductions: one table of cases (tests/op_table.h) over dims lists, negative dims, keepdim and
 // size-1 dims drives gradcheck on three layouts, the PyTorch golden values and the edge cases;
 // then max/argmax ties and indices, dtypes and errors.
+#include <cmath>
+#include <limits>
+
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -27,6 +30,23 @@ const OpTable kReduceOps = {
     {"var unbiased", "a.var(-1)", {{2, 3, 4}}, {}, [](auto& v) { return var(v[0], {-1}); }},
     {"var biased keepdim", "a.var((0, 1), unbiased=False, keepdim=True)", {{2, 3, 4}}, {},
      [](auto& v) { return var(v[0], {0, 1}, false, true); }},
+    {"std unbiased", "a.std(-1)", {{2, 3, 4}}, {}, [](auto& v) { return ember::std(v[0], {-1}); }},
+    {"std biased keepdim", "a.std((0, 2), unbiased=False, keepdim=True)", {{2, 3, 4}}, {},
+     [](auto& v) { return v[0].std({0, 2}, false, true); }},
+    {"std all", "a.std((0, 1))", {{3, 4}}, {}, [](auto& v) { return v[0].std({}); }},
+    {"logsumexp dim -1", "torch.logsumexp(a, -1)", {{2, 3, 4}}, {},
+     [](auto& v) { return logsumexp(v[0], {-1}); }},
+    {"logsumexp dims 0,2 keepdim", "a.logsumexp((0, 2), keepdim=True)", {{2, 3, 4}}, {},
+     [](auto& v) { return v[0].logsumexp({0, 2}, true); }},
+    {"logsumexp mul 1000", "torch.logsumexp(a * 1000.0, 1)", {{3, 4}}, {},
+     [](auto& v) { return logsumexp(v[0] * 1000.0, {1}); }, kNoGradcheck},
+    {"logsumexp 0-d", "torch.logsumexp(a, 0)", {{}}, {},
+     [](auto& v) { return logsumexp(v[0], {0}); }},
+    {"cumsum dim 0", "torch.cumsum(a, 0)", {{3, 4}}, {}, [](auto& v) { return cumsum(v[0], 0); }},
+    {"cumsum dim -1", "a.cumsum(-1)", {{2, 3, 4}}, {}, [](auto& v) { return v[0].cumsum(-1); }},
+    {"cumsum dim 1 of 3-D", "torch.cumsum(a, 1)", {{2, 3, 4}}, {},
+     [](auto& v) { return cumsum(v[0], 1); }},
+    {"cumsum 0-d", "torch.cumsum(a, -1)", {{}}, {}, [](auto& v) { return cumsum(v[0], -1); }},
     {"expand then sum dim 0", "a.expand(3, 4).sum(0)", {{1, 4}}, {},
      [](auto& v) { return sum(v[0].expand({3, 4}), {0}); }},
     {"max dim 1", "a.max(1).values", {{3, 4}}, {}, [](auto& v) { return max(v[0], 1).values; }},
@@ -54,6 +74,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kReduceOps); }
 
 BOOST_AUTO_TEST_CASE(values_and_dtypes) {
   const Tensor x = from_vector(std::vector<double>{1, 5, 3, 7, 2, 7}, {2, 3});
@@ -76,12 +97,52 @@ BOOST_AUTO_TEST_CASE(values_and_dtypes) {
   BOOST_TEST((sum_to(ones({2, 3, 4}), {3, 1}).to_vector<float>() == std::vector<float>{8, 8, 8}));
 }
 
+BOOST_AUTO_TEST_CASE(std_logsumexp_cumsum) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // std is sqrt(var), and its gradient is 0 (not NaN) for a constant input, as torch.
+  const Tensor r = randn({3, 5}, kFloat64);
+  expect_close(ember::std(r, {1}), sqrt(var(r, {1})), 1e-15, 0, "std");
+  expect_close(r.std({0}, false, true), sqrt(var(r, {0}, false, true)), 1e-15, 0, "biased std");
+  Tensor c = full({4}, 2.0, kFloat64).requires_grad_();
+  c.std({}).backward();
+  BOOST_TEST((c.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0}));
+  // logsumexp: stable where exp overflows; -inf rows give -inf, +inf gives +inf, no element -inf.
+  const Tensor big = tensor({1000, 1000});
+  BOOST_TEST(std::abs(logsumexp(big, {0}).item<double>() - (1000 + std::log(2.0))) < 1e-4);
+  const Tensor rows = from_vector(std::vector<double>{-inf, -inf, inf, 1, -1000, -1000}, {3, 2});
+  const std::vector<double> l = logsumexp(rows, {1}).to_vector<double>();
+  BOOST_TEST((l[0] == -inf && l[1] == inf));
+  BOOST_TEST(std::abs(l[2] - (-1000 + std::log(2.0))) < 1e-4);
+  BOOST_TEST(
+      (logsumexp(zeros({2, 0}), {1}).to_vector<double>() == std::vector<double>{-inf, -inf}));
+  BOOST_TEST((logsumexp(zeros({0, 3}), {0}, true).shape() == Shape{1, 3}));
+  BOOST_TEST((logsumexp(tensor({1, 2}, kInt64), {0}).dtype() == kFloat32));
+  // cumsum: integral and Bool give Int64; the gradient is the reversed running sum.
+  const Tensor b = cumsum(tensor({1, 1, 0, 1}, kBool), 0);
+  BOOST_TEST((b.dtype() == kInt64));
+  BOOST_TEST((b.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 2, 3}));
+  BOOST_TEST((cumsum(tensor({5, -2, 7}, kInt64), -1).to_vector<int64_t>() ==
+              std::vector<int64_t>{5, 3, 10}));
+  Tensor x = tensor({1, 2, 3}, kFloat64).requires_grad_();
+  cumsum(x, 0).backward(tensor({1, 10, 100}, kFloat64));
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{111, 110, 100}));
+  // Float32 sums accumulate in double, as torch's CPU kernel.
+  const Tensor run = cumsum(full({1 << 17}, 0.1f), 0);
+  BOOST_TEST(std::abs(run.to_vector<double>().back() - 0.1f * double(1 << 17)) < 1e-3);
+}
+
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { sum(ones({2, 3}), {2}); }, {"sum", "dim 2", "2 dims"});
   expect_error([] { sum(ones({2, 3}), {1, -1}); }, {"sum", "more than once"});
   expect_error([] { mean(ones({2}, kInt64)); }, {"mean", "Int64"});
   expect_error([] { max(ones({2, 3}), -3); }, {"max", "dim -3"});
   expect_error([] { max(zeros({0})); }, {"max", "empty"});
+  expect_error([] { cumsum(ones({2, 3}), 2); }, {"cumsum", "dim 2", "2 dims"});
+  expect_error([] { cumsum(ones({2, 3}), -3); }, {"cumsum", "dim -3"});
+  expect_error([] { logsumexp(ones({2}), {1}); }, {"logsumexp", "dim 1"});
+  expect_error([] { logsumexp(ones({2, 3}), {0, -2}); }, {"logsumexp", "more than once"});
+  expect_error([] { ember::std(ones({2}, kInt64), {}); }, {"std", "Int64"});
+  expect_error([] { ember::std(ones({2, 3}), {1, 1}); }, {"std", "more than once"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

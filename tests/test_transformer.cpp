@@ -167,8 +167,22 @@ BOOST_AUTO_TEST_CASE(batch_masks_shift_and_count_tokens) {
   // a pad inside the decoder input hides that key from every query
   const Tensor m = nn::Batch::make_std_mask(from_vector(std::vector<int64_t>{1, 0, 2}, {1, 3}), 0);
   BOOST_TEST((m.to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 1, 0, 0, 1, 0, 1}));
-  const nn::Batch only_src(src);
+  const nn::Batch only_src(src, Tensor(), 0);
   BOOST_TEST(!only_src.tgt.defined());
+  // The default pad is 0, as data::Vocab's <pad> and pad_sequence's padding: the same masks.
+  const nn::Batch by_default(src, tgt);
+  BOOST_TEST((by_default.src_mask.to_vector<int64_t>() == batch.src_mask.to_vector<int64_t>()));
+  BOOST_TEST((by_default.tgt_mask.to_vector<int64_t>() == batch.tgt_mask.to_vector<int64_t>()));
+  BOOST_TEST(by_default.ntokens == batch.ntokens);
+  const Tensor padded = nn::utils::rnn::pad_sequence(
+      {from_vector(std::vector<int64_t>{5, 6, 7}, {3}), from_vector(std::vector<int64_t>{8}, {1})},
+      /*batch_first=*/true);
+  BOOST_TEST(
+      (nn::Batch(padded).src_mask.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1, 1, 0, 0}));
+  // Another pad id is passed explicitly.
+  const Tensor padded2 = from_vector(std::vector<int64_t>{5, 6, 2, 2}, {1, 4});
+  BOOST_TEST((nn::Batch(padded2, Tensor(), 2).src_mask.to_vector<int64_t>() ==
+              std::vector<int64_t>{1, 1, 0, 0}));
   expect_error([&] { nn::Batch(src.to(kFloat32)); }, {"Batch", "src", "Float32"});
   expect_error([&] { nn::Batch(src, tgt.narrow(1, 0, 1)); }, {"Batch", "tgt", "[2, 1]"});
 }
