@@ -1,6 +1,7 @@
 // Ops that gather, scatter or copy data into a new layout: repeat, repeat_interleave, cat, stack,
-// index_select, masked_select, triu/tril and sort. Tiling ops are one strided copy between two
-// views (no per-tile loops); their backwards view the gradient the same way and sum.
+// index_select, gather, scatter_add, masked_select, triu/tril and sort. Tiling ops are one
+// strided copy between two views (no per-tile loops); their backwards view the gradient the same
+// way and sum.
 #include "ops/index.h"
 
 #include <algorithm>
@@ -330,6 +331,167 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = empty(out_shape, x.dtype());
   if (out.numel() > 0) dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
   return record<IndexSelectBackward>(op, out, {x}, d, idx);
+}
+
+// --- gather and scatter_add
+
+namespace {
+
+// t viewed with at least one dim: a 0-d tensor counts as shape [1], as torch's gather/scatter.
+Tensor at_least_1d(const Tensor& t) {
+  return t.dim() > 0 ? t : make_view(t, {1}, {1}, t.storage_offset());
+}
+
+// t's leading part of `shape` (each dim no larger than t's), a view.
+Tensor leading_view(const Tensor& t, const Shape& shape) {
+  return make_view(t, shape, t.strides(), t.storage_offset());
+}
+
+// For every position p of index's shape, with q = p whose coordinate along dim is index[p]:
+// out[p] = x[q] (gather), or target[q] += src[p] (scatter_add). `out` and `src` have index's
+// shape; x and target may be larger. Each line along dim of index reads (or adds into) its own
+// line of x (target), so lines run in parallel without colliding.
+template <class T>
+void gather_lines(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
+  const T* px = x.data<T>();
+  const int64_t* pi = index.data<int64_t>();
+  T* po = out.data<T>();
+  const int64_t n = index.size(dim), so = out.stride(dim), si = index.stride(dim),
+                sx = x.stride(dim);
+  for_each_line<3>(index.shape(), dim, {out.strides(), index.strides(), x.strides()},
+                   [&](const auto& off) {
+                     for (int64_t k = 0; k < n; ++k)
+                       po[off[0] + k * so] = px[off[2] + pi[off[1] + k * si] * sx];
+                   });
+}
+
+template <class T>
+void scatter_add_lines(const Tensor& target, int64_t dim, const Tensor& index, const Tensor& src) {
+  T* pt = target.data<T>();
+  const int64_t* pi = index.data<int64_t>();
+  const T* ps = src.data<T>();
+  const int64_t n = index.size(dim), st = target.stride(dim), si = index.stride(dim),
+                ss = src.stride(dim);
+  for_each_line<3>(index.shape(), dim, {target.strides(), index.strides(), src.strides()},
+                   [&](const auto& off) {
+                     for (int64_t k = 0; k < n; ++k)
+                       pt[off[0] + pi[off[1] + k * si] * st] += ps[off[2] + k * ss];
+                   });
+}
+
+// The checks gather and scatter_add share (torch's): an Int64 index with as many dims as x (and
+// src), no larger than x outside dim (nor than src anywhere), its values in [0, x.size(dim)).
+// Sizes are not checked for an empty index, as torch. Returns dim wrapped and the index made
+// contiguous, both seen with at least one dim.
+struct IndexGeometry {
+  int64_t dim;
+  Tensor index;
+};
+
+IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, const Tensor* src,
+                          std::string_view op) {
+  check_defined(x, op);
+  check_defined(index, op);
+  if (src != nullptr) check_defined(*src, op);
+  EMBER_CHECK(index.dtype() == kInt64, "{}: index must be Int64, got {} (shape {})", op,
+              index.dtype(), index.shape());
+  const int64_t nd = std::max<int64_t>(x.dim(), 1);
+  EMBER_CHECK(std::max<int64_t>(index.dim(), 1) == nd,
+              "{}: index of shape {} must have as many dims as the input of shape {}", op,
+              index.shape(), x.shape());
+  if (src != nullptr) {
+    EMBER_CHECK(src->dtype() == x.dtype(), "{}: src is {} but the input is {} (shapes {} and {})",
+                op, src->dtype(), x.dtype(), src->shape(), x.shape());
+    EMBER_CHECK(std::max<int64_t>(src->dim(), 1) == nd,
+                "{}: src of shape {} must have as many dims as the input of shape {}", op,
+                src->shape(), x.shape());
+  }
+  const int64_t d = wrap_dim(dim, nd, op);
+  const Tensor idx = at_least_1d(index.contiguous()), x1 = at_least_1d(x);
+  if (idx.numel() > 0) {
+    for (int64_t k = 0; k < nd; ++k) {
+      EMBER_CHECK(k == d || idx.size(k) <= x1.size(k),
+                  "{}: index of shape {} is larger than the input of shape {} in dim {} (only "
+                  "dim {} may differ)",
+                  op, index.shape(), x.shape(), k, d);
+      EMBER_CHECK(src == nullptr || idx.size(k) <= at_least_1d(*src).size(k),
+                  "{}: index of shape {} is larger than src of shape {} in dim {}", op,
+                  index.shape(), src->shape(), k);
+    }
+  }
+  const int64_t size = x1.size(d);
+  const int64_t* pi = idx.data<int64_t>();
+  for (int64_t k = 0; k < idx.numel(); ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
+                "{}: index {} is out of bounds for dim {} of size {} (input of shape {})", op,
+                pi[k], d, size, x.shape());
+  return {d, idx};
+}
+
+// out = gather(x, dim, index):  dX = zeros with dOut added at the gathered positions
+struct GatherBackward final : Node {
+  GatherBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
+      scatter_add_lines<T>(at_least_1d(grad_x), dim_, index_.get(), at_least_1d(g));
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+// out = x + scatter of src at index:  dX = dOut,  dSrc = gather(dOut, dim, index) on index's
+// part of src, 0 on the rest
+struct ScatterAddBackward final : Node {
+  ScatterAddBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    Tensor grad_src;
+    if (needs_grad(1)) {
+      const Tensor& index = index_.get();
+      grad_src = zeros(input_shapes[1], g.dtype());
+      dispatch_float(g.dtype(), op(), [&]<class T>() {
+        gather_lines<T>(leading_view(at_least_1d(grad_src), index.shape()), at_least_1d(g), dim_,
+                        index);
+      });
+    }
+    return {needs_grad(0) ? g : Tensor(), grad_src};
+  }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+}  // namespace
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  constexpr std::string_view op = "gather";
+  profile::Scope scope(op);
+  const IndexGeometry geo = check_index(x, dim, index, nullptr, op);
+  Tensor out = empty(index.shape(), x.dtype());
+  if (out.numel() > 0)
+    dispatch_all(x.dtype(), [&]<class T>() {
+      gather_lines<T>(at_least_1d(out), at_least_1d(x), geo.dim, geo.index);
+    });
+  return record<GatherBackward>(op, out, {x}, geo.dim, geo.index);
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  constexpr std::string_view op = "scatter_add";
+  profile::Scope scope(op);
+  const IndexGeometry geo = check_index(x, dim, index, &src, op);
+  Tensor out = empty(x.shape(), x.dtype());
+  copy_into(out, x);
+  if (geo.index.numel() > 0) {
+    // Bools add as a logical or (true + true stays true), as torch's.
+    dispatch_all(x.dtype(), [&]<class T>() {
+      scatter_add_lines<T>(at_least_1d(out), geo.dim, geo.index,
+                           leading_view(at_least_1d(src), geo.index.shape()));
+    });
+  }
+  return record<ScatterAddBackward>(op, out, {x, src}, geo.dim, geo.index);
 }
 
 // --- masked_select

@@ -1,5 +1,5 @@
 // Ops that gather, scatter or copy data into a new layout: repeat, repeat_interleave, cat,
-// stack, index_select, masked_select, triu/tril and sort.
+// stack, index_select, gather, scatter_add, masked_select, triu/tril and sort.
 #pragma once
 
 #include "graph/tensor.h"

@@ -47,6 +47,24 @@ const OpTable kIndexOps = {
      [](auto& v) { return index_select(v[0], 0, ints({3, 0, 3, 1})); }},
     {"index_select dim -1", "a.index_select(-1, torch.tensor([2, 2, 0]))", {{2, 3, 4}}, {},
      [](auto& v) { return v[0].index_select(-1, ints({2, 2, 0})); }},
+    {"gather dim 1", "torch.gather(a, 1, torch.tensor([[0, 2, 2], [1, 0, 3], [3, 3, 0]]))",
+     {{3, 4}}, {},
+     [](auto& v) { return gather(v[0], 1, from_vector(std::vector<int64_t>{0, 2, 2, 1, 0, 3, 3, 3, 0}, {3, 3})); }},
+    // index longer than the input along dim 0 (repeats add up), narrower along dim 1
+    {"gather dim 0 repeated", "a.gather(0, torch.tensor([[1, 0], [1, 1], [0, 1]]))", {{2, 3}}, {},
+     [](auto& v) { return v[0].gather(0, from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 1}, {3, 2})); }},
+    {"gather dim -1 3-D", "a.gather(-1, torch.tensor([[[3], [0]], [[1], [1]]]))", {{2, 2, 4}}, {},
+     [](auto& v) { return gather(v[0], -1, from_vector(std::vector<int64_t>{3, 0, 1, 1}, {2, 2, 1})); }},
+    {"scatter_add dim 1", "a.scatter_add(1, torch.tensor([[0, 1, 0], [2, 2, 2]]), b)",
+     {{2, 4}, {2, 3}}, {},
+     [](auto& v) { return scatter_add(v[0], 1, from_vector(std::vector<int64_t>{0, 1, 0, 2, 2, 2}, {2, 3}), v[1]); }},
+    {"scatter_add dim 0", "torch.scatter_add(a, 0, torch.tensor([[2, 0], [2, 1]]), b)",
+     {{3, 2}, {2, 2}}, {},
+     [](auto& v) { return v[0].scatter_add(0, from_vector(std::vector<int64_t>{2, 0, 2, 1}, {2, 2}), v[1]); }},
+    // index narrower than the input in the other dim
+    {"scatter_add dim -1 narrow index", "a.scatter_add(-1, torch.tensor([[4, 0, 4]]), b)",
+     {{2, 5}, {1, 3}}, {},
+     [](auto& v) { return v[0].scatter_add(-1, from_vector(std::vector<int64_t>{4, 0, 4}, {1, 3}), v[1]); }},
     {"masked_select", "torch.masked_select(a, b)", {{3, 4}, {3, 4}}, {Real, Bool},
      [](auto& v) { return masked_select(v[0], v[1]); }},
     {"masked_select broadcast mask", "torch.masked_select(a, b)", {{3, 4}, {4}}, {Real, Bool},
@@ -189,6 +207,43 @@ BOOST_AUTO_TEST_CASE(gradients_accumulate) {
   BOOST_TEST((z.grad().to_vector<double>() == std::vector<double>{3, 3}));
 }
 
+// gather and scatter_add beyond the table: 0-d inputs, other dtypes, empty indices, a src larger
+// than its index (its other elements get a zero gradient; torch 1.13's backward refuses it).
+BOOST_AUTO_TEST_CASE(gather_scatter_add_shapes_and_dtypes) {
+  const Tensor ints = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  BOOST_TEST(
+      (gather(ints, 1, from_vector(std::vector<int64_t>{2, 0}, {2, 1})).to_vector<int64_t>() ==
+       std::vector<int64_t>{3, 4}));
+  BOOST_TEST((scatter_add(ints, 0, from_vector(std::vector<int64_t>{1, 1}, {1, 2}),
+                          from_vector(std::vector<int64_t>{10, 20}, {1, 2}))
+                  .to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 14, 25, 6}));
+  const Tensor five = scalar_tensor(5.0, kFloat64);
+  BOOST_TEST((gather(five, 0, from_vector(std::vector<int64_t>{0, 0}, {2})).to_vector<double>() ==
+              std::vector<double>{5, 5}));
+  BOOST_TEST((gather(five, -1, from_vector(std::vector<int64_t>{0}, {})).shape() == Shape{}));
+  BOOST_TEST(
+      scatter_add(five, 0, from_vector(std::vector<int64_t>{0}, {}), scalar_tensor(2.0, kFloat64))
+          .item<double>() == 7.0);
+  BOOST_TEST((gather(zeros({2, 3}), 1, zeros({3, 0}, kInt64)).shape() == Shape{3, 0}));
+  BOOST_TEST(
+      (scatter_add(ones({2, 3}), 1, zeros({3, 0}, kInt64), ones({1, 1})).to_vector<float>() ==
+       std::vector<float>(6, 1.0f)));
+
+  Tensor x = zeros({2, 3}, kFloat64).requires_grad_();
+  Tensor src = ones({2, 4}, kFloat64).requires_grad_();
+  Tensor y = scatter_add(x, 1, from_vector(std::vector<int64_t>{0, 1, 2, 2}, {2, 2}), src);
+  BOOST_TEST((y.to_vector<double>() == std::vector<double>{1, 1, 0, 0, 0, 2}));
+  y.backward(arange(0, 6, 1, kFloat64).reshape({2, 3}));
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{0, 1, 2, 3, 4, 5}));
+  BOOST_TEST((src.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0, 5, 5, 0, 0}));
+  const Inputs in = {leaf({2, 3}), leaf({3, 4})};
+  const Tensor idx = from_vector(std::vector<int64_t>{2, 0, 0, 1, 1, 1}, {2, 3});
+  check_gradient([&](const Inputs& v) { return scatter_add(v[0], 1, idx.narrow(1, 0, 2), v[1]); },
+                 in, "scatter_add src larger than index");
+  check_gradient([&](const Inputs& v) { return gather(v[1].transpose(0, 1), 0, idx); }, in,
+                 "gather transposed");
+}
+
 BOOST_AUTO_TEST_CASE(sort_nan_order_indices_and_dtypes) {
   const double nan = std::nan("");
   const Tensor x = from_vector(std::vector<double>{1, nan, 0, 1}, {4}, kFloat64);
@@ -301,6 +356,45 @@ BOOST_AUTO_TEST_CASE(errors) {
       {"masked_select", "[2, 3]", "[4]"});
   expect_error([&] { masked_select(x, zeros({3, 2})); }, {"masked_select", "Bool", "Float32"});
 
+  const Tensor i22 = from_vector(std::vector<int64_t>{0, 1, 1, 0}, {2, 2});
+  expect_error(
+      [&] {
+        gather(x, 1, from_vector(std::vector<int64_t>{0, 2}, {1, 2}));
+      },
+      {"gather", "index 2", "out of bounds", "dim 1", "size 2"});
+  expect_error(
+      [&] {
+        gather(x, 0, from_vector(std::vector<int64_t>{-1}, {1, 1}));
+      },
+      {"gather", "index -1", "size 3"});
+  expect_error([&] { gather(x, 1, i22.to(kFloat32)); }, {"gather", "Int64", "Float32"});
+  expect_error(
+      [&] {
+        gather(x, 1, from_vector(std::vector<int64_t>{0, 1}, {2}));
+      },
+      {"gather", "[2]", "[3, 2]", "dims"});
+  expect_error(
+      [&] {
+        gather(x, 0, zeros({2, 3}, kInt64));
+      },
+      {"gather", "[2, 3]", "[3, 2]", "dim 1"});
+  expect_error([&] { gather(x, 2, i22); }, {"gather", "dim 2"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, from_vector(std::vector<int64_t>{3, 0}, {1, 2}), ones({1, 2}));
+      },
+      {"scatter_add", "index 3", "out of bounds", "dim 0", "size 3"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, i22, ones({2, 1}));
+      },
+      {"scatter_add", "src", "[2, 1]", "dim 1"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, i22, ones({2, 2}, kFloat64));
+      },
+      {"scatter_add", "Float64", "Float32"});
+  expect_error([&] { scatter_add(x, 0, i22, ones({4})); }, {"scatter_add", "src", "[4]", "dims"});
   expect_error([] { triu(zeros({3})); }, {"triu", "[3]"});
   expect_error([] { tril(scalar_tensor(1.0)); }, {"tril", "2 dims"});
   expect_error([] { sort(zeros({2, 2}), 2); }, {"sort", "dim 2"});
