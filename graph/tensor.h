@@ -23,6 +23,7 @@ class Node;
 class Tensor;
 struct MaxResult;
 struct SortResult;
+struct TopkResult;
 enum class Reduction { None, Mean, Sum };
 
 // A 64-byte aligned buffer shared by a tensor and all its views. Its version counts in-place

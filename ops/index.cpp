@@ -1,15 +1,18 @@
 // Ops that gather, scatter or copy data into a new layout: repeat, repeat_interleave, cat, stack,
-// index_select, masked_select, triu/tril and sort. Tiling ops are one strided copy between two
-// views (no per-tile loops); their backwards view the gradient the same way and sum.
+// index_select, gather, scatter_add, masked_select, triu/tril, sort and topk. Tiling ops are one
+// strided copy between two views (no per-tile loops); their backwards view the gradient the same
+// way and sum.
 #include "ops/index.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
 #include "graph/profile.h"
+#include "graph/random.h"
 #include "graph/strided.h"
 #include "ops/common.h"
 #include "ops/reduce.h"
@@ -332,6 +335,167 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return record<IndexSelectBackward>(op, out, {x}, d, idx);
 }
 
+// --- gather and scatter_add
+
+namespace {
+
+// t viewed with at least one dim: a 0-d tensor counts as shape [1], as torch's gather/scatter.
+Tensor at_least_1d(const Tensor& t) {
+  return t.dim() > 0 ? t : make_view(t, {1}, {1}, t.storage_offset());
+}
+
+// t's leading part of `shape` (each dim no larger than t's), a view.
+Tensor leading_view(const Tensor& t, const Shape& shape) {
+  return make_view(t, shape, t.strides(), t.storage_offset());
+}
+
+// For every position p of index's shape, with q = p whose coordinate along dim is index[p]:
+// out[p] = x[q] (gather), or target[q] += src[p] (scatter_add). `out` and `src` have index's
+// shape; x and target may be larger. Each line along dim of index reads (or adds into) its own
+// line of x (target), so lines run in parallel without colliding.
+template <class T>
+void gather_lines(const Tensor& out, const Tensor& x, int64_t dim, const Tensor& index) {
+  const T* px = x.data<T>();
+  const int64_t* pi = index.data<int64_t>();
+  T* po = out.data<T>();
+  const int64_t n = index.size(dim), so = out.stride(dim), si = index.stride(dim),
+                sx = x.stride(dim);
+  for_each_line<3>(index.shape(), dim, {out.strides(), index.strides(), x.strides()},
+                   [&](const auto& off) {
+                     for (int64_t k = 0; k < n; ++k)
+                       po[off[0] + k * so] = px[off[2] + pi[off[1] + k * si] * sx];
+                   });
+}
+
+template <class T>
+void scatter_add_lines(const Tensor& target, int64_t dim, const Tensor& index, const Tensor& src) {
+  T* pt = target.data<T>();
+  const int64_t* pi = index.data<int64_t>();
+  const T* ps = src.data<T>();
+  const int64_t n = index.size(dim), st = target.stride(dim), si = index.stride(dim),
+                ss = src.stride(dim);
+  for_each_line<3>(index.shape(), dim, {target.strides(), index.strides(), src.strides()},
+                   [&](const auto& off) {
+                     for (int64_t k = 0; k < n; ++k)
+                       pt[off[0] + pi[off[1] + k * si] * st] += ps[off[2] + k * ss];
+                   });
+}
+
+// The checks gather and scatter_add share (torch's): an Int64 index with as many dims as x (and
+// src), no larger than x outside dim (nor than src anywhere), its values in [0, x.size(dim)).
+// Sizes are not checked for an empty index, as torch. Returns dim wrapped and the index made
+// contiguous, both seen with at least one dim.
+struct IndexGeometry {
+  int64_t dim;
+  Tensor index;
+};
+
+IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, const Tensor* src,
+                          std::string_view op) {
+  check_defined(x, op);
+  check_defined(index, op);
+  if (src != nullptr) check_defined(*src, op);
+  EMBER_CHECK(index.dtype() == kInt64, "{}: index must be Int64, got {} (shape {})", op,
+              index.dtype(), index.shape());
+  const int64_t nd = std::max<int64_t>(x.dim(), 1);
+  EMBER_CHECK(std::max<int64_t>(index.dim(), 1) == nd,
+              "{}: index of shape {} must have as many dims as the input of shape {}", op,
+              index.shape(), x.shape());
+  if (src != nullptr) {
+    EMBER_CHECK(src->dtype() == x.dtype(), "{}: src is {} but the input is {} (shapes {} and {})",
+                op, src->dtype(), x.dtype(), src->shape(), x.shape());
+    EMBER_CHECK(std::max<int64_t>(src->dim(), 1) == nd,
+                "{}: src of shape {} must have as many dims as the input of shape {}", op,
+                src->shape(), x.shape());
+  }
+  const int64_t d = wrap_dim(dim, nd, op);
+  const Tensor idx = at_least_1d(index.contiguous()), x1 = at_least_1d(x);
+  if (idx.numel() > 0) {
+    for (int64_t k = 0; k < nd; ++k) {
+      EMBER_CHECK(k == d || idx.size(k) <= x1.size(k),
+                  "{}: index of shape {} is larger than the input of shape {} in dim {} (only "
+                  "dim {} may differ)",
+                  op, index.shape(), x.shape(), k, d);
+      EMBER_CHECK(src == nullptr || idx.size(k) <= at_least_1d(*src).size(k),
+                  "{}: index of shape {} is larger than src of shape {} in dim {}", op,
+                  index.shape(), src->shape(), k);
+    }
+  }
+  const int64_t size = x1.size(d);
+  const int64_t* pi = idx.data<int64_t>();
+  for (int64_t k = 0; k < idx.numel(); ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
+                "{}: index {} is out of bounds for dim {} of size {} (input of shape {})", op,
+                pi[k], d, size, x.shape());
+  return {d, idx};
+}
+
+// out = gather(x, dim, index):  dX = zeros with dOut added at the gathered positions
+struct GatherBackward final : Node {
+  GatherBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
+      scatter_add_lines<T>(at_least_1d(grad_x), dim_, index_.get(), at_least_1d(g));
+    });
+    return {grad_x};
+  }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+// out = x + scatter of src at index:  dX = dOut,  dSrc = gather(dOut, dim, index) on index's
+// part of src, 0 on the rest
+struct ScatterAddBackward final : Node {
+  ScatterAddBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    Tensor grad_src;
+    if (needs_grad(1)) {
+      const Tensor& index = index_.get();
+      grad_src = zeros(input_shapes[1], g.dtype());
+      dispatch_float(g.dtype(), op(), [&]<class T>() {
+        gather_lines<T>(leading_view(at_least_1d(grad_src), index.shape()), at_least_1d(g), dim_,
+                        index);
+      });
+    }
+    return {needs_grad(0) ? g : Tensor(), grad_src};
+  }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+}  // namespace
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  constexpr std::string_view op = "gather";
+  profile::Scope scope(op);
+  const IndexGeometry geo = check_index(x, dim, index, nullptr, op);
+  Tensor out = empty(index.shape(), x.dtype());
+  if (out.numel() > 0)
+    dispatch_all(x.dtype(), [&]<class T>() {
+      gather_lines<T>(at_least_1d(out), at_least_1d(x), geo.dim, geo.index);
+    });
+  return record<GatherBackward>(op, out, {x}, geo.dim, geo.index);
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  constexpr std::string_view op = "scatter_add";
+  profile::Scope scope(op);
+  const IndexGeometry geo = check_index(x, dim, index, &src, op);
+  Tensor out = empty(x.shape(), x.dtype());
+  copy_into(out, x);
+  if (geo.index.numel() > 0) {
+    // Bools add as a logical or (true + true stays true), as torch's.
+    dispatch_all(x.dtype(), [&]<class T>() {
+      scatter_add_lines<T>(at_least_1d(out), geo.dim, geo.index,
+                           leading_view(at_least_1d(src), geo.index.shape()));
+    });
+  }
+  return record<ScatterAddBackward>(op, out, {x, src}, geo.dim, geo.index);
+}
+
 // --- masked_select
 
 namespace {
@@ -544,6 +708,170 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
   }
   record<SortBackward>(op, {&values}, {x}, d, indices);
   return {values, indices};
+}
+
+// --- topk
+
+namespace {
+
+// Note [topk order]
+// torch's CPU topk orders (value, position) pairs with an order that is not stable: largest
+// first, NaN above every number (or smallest first, NaN below none), then for k * 64 <= n
+// std::partial_sort of the first k, else std::nth_element at k - 1 and, when sorted,
+// std::sort of the first k - 1. The same standard algorithms on the same pairs with the same
+// comparison give the same permutation, so equal values come out in torch's order (with
+// libstdc++, which Debian's torch is built with).
+template <class T>
+struct TopkBefore {
+  bool largest;
+  bool operator()(const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (largest) return (std::isnan(a.first) && !std::isnan(b.first)) || a.first > b.first;
+      return (!std::isnan(a.first) && std::isnan(b.first)) || a.first < b.first;
+    } else {
+      return largest ? a.first > b.first : a.first < b.first;
+    }
+  }
+};
+
+// values/indices (k along dim) = the top k of each line of x along dim (Note [topk order]).
+template <class T>
+void topk_kernel(const Tensor& x, int64_t dim, int64_t k, bool largest, bool sorted,
+                 const Tensor& values, const Tensor& indices) {
+  const int64_t n = x.size(dim), sx = x.stride(dim), sv = values.stride(dim),
+                si = indices.stride(dim);
+  const T* px = x.data<T>();
+  T* pv = values.data<T>();
+  int64_t* pi = indices.data<int64_t>();
+  const TopkBefore<T> before{largest};
+  const std::array<Shape, 3> strides = {x.strides(), values.strides(), indices.strides()};
+  for_each_line<3>(x.shape(), dim, strides, [&](const auto& off) {
+    thread_local std::vector<std::pair<T, int64_t>> line;
+    line.resize(n);
+    for (int64_t j = 0; j < n; ++j) line[j] = {px[off[0] + j * sx], j};
+    if (k * 64 <= n) {
+      std::partial_sort(line.begin(), line.begin() + k, line.end(), before);
+    } else {
+      std::nth_element(line.begin(), line.begin() + (k - 1), line.end(), before);
+      if (sorted) std::sort(line.begin(), line.begin() + (k - 1), before);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      pv[off[1] + j * sv] = line[j].first;
+      pi[off[2] + j * si] = line[j].second;
+    }
+  });
+}
+
+}  // namespace
+
+TopkResult topk(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted) {
+  constexpr std::string_view op = "topk";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dtype() != kBool, "{}: Bool tensors are not supported (shape {})", op, x.shape());
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  EMBER_CHECK(k >= 0 && k <= n, "{}: k {} out of range for dim {} of size {} (shape {})", op, k, d,
+              n, x.shape());
+  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};  // as torch, for k 0 and 1 alike
+  Shape shape = x.shape();
+  shape[d] = k;
+  Tensor values = empty(shape, x.dtype()), indices = empty(shape, kInt64);
+  if (values.numel() > 0) {
+    dispatch_all(x.dtype(), [&]<class T>() {
+      if constexpr (!std::is_same_v<T, bool>)
+        topk_kernel<T>(x, d, k, largest, sorted, values, indices);
+    });
+  }
+  // The values' gradient goes back to the positions they came from, as sort's.
+  record<SortBackward>(op, {&values}, {x}, d, indices);
+  return {values, indices};
+}
+
+// --- multinomial
+
+namespace {
+
+// One row of C weights w (stride s) -> `count` category indices written to out (stride so), drawn
+// from gen. With replacement (or a single draw): inverse transform sampling on the cumulative
+// sums. Without: each category's key E_c / w_c with E_c ~ Exp(1), the `count` smallest keys in
+// order (Efraimidis and Spirakis): the same distribution as drawing one category at a time with
+// probability proportional to its weight among those not drawn yet. Zero weights get an infinite
+// key, so they come after every positive one, lowest index first.
+template <class T>
+void multinomial_row(const T* w, int64_t s, int64_t C, int64_t count, bool replacement,
+                     std::mt19937_64& gen, int64_t* out, int64_t so) {
+  thread_local std::vector<double> cumulative;
+  if (replacement || count == 1) {
+    cumulative.resize(C);
+    double total = 0;
+    int64_t last_positive = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      total += static_cast<double>(w[c * s]);
+      cumulative[c] = total;
+      if (w[c * s] > 0) last_positive = c;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const double u = next_uniform(gen) * total;
+      // The first category whose cumulative sum exceeds u: never a zero-weight one.
+      const auto at = std::upper_bound(cumulative.begin(), cumulative.end(), u);
+      out[i * so] =
+          std::min<int64_t>(at - cumulative.begin(), last_positive);  // u rounded to total
+    }
+    return;
+  }
+  thread_local std::vector<std::pair<double, int64_t>> keys;
+  keys.resize(C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double e = -std::log1p(-next_uniform(gen));  // Exp(1): 1 - u in (0, 1]
+    const double wc = static_cast<double>(w[c * s]);
+    keys[c] = {wc > 0 ? e / wc : std::numeric_limits<double>::infinity(), c};
+  }
+  std::partial_sort(keys.begin(), keys.begin() + count, keys.end());  // ties: lower index first
+  for (int64_t i = 0; i < count; ++i) out[i * so] = keys[i].second;
+}
+
+}  // namespace
+
+Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement) {
+  constexpr std::string_view op = "multinomial";
+  profile::Scope scope(op);
+  check_defined(weights, op);
+  EMBER_CHECK(is_floating(weights.dtype()),
+              "{}: expected Float32 or Float64 weights, got {} (shape {})", op, weights.dtype(),
+              weights.shape());
+  EMBER_CHECK(weights.dim() == 1 || weights.dim() == 2,
+              "{}: weights must be 1-D or 2-D, got shape {}", op, weights.shape());
+  EMBER_CHECK(num_samples > 0, "{}: num_samples must be positive, got {}", op, num_samples);
+  const bool batched = weights.dim() == 2;
+  const int64_t N = batched ? weights.size(0) : 1, C = weights.size(-1);
+  EMBER_CHECK(replacement || num_samples <= C,
+              "{}: cannot draw {} samples from {} categories without replacement", op, num_samples,
+              C);
+  const int64_t rs = batched ? weights.stride(0) : 0, cs = weights.stride(-1);
+  Tensor out = empty(batched ? Shape{N, num_samples} : Shape{num_samples}, kInt64);
+  dispatch_float(weights.dtype(), op, [&]<class T>() {
+    const T* w = weights.data<T>();
+    for (int64_t r = 0; r < N; ++r) {
+      double total = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const T v = w[r * rs + c * cs];
+        EMBER_CHECK(std::isfinite(v) && v >= 0,
+                    "{}: weights must be finite and non-negative, got {} at category {}{} "
+                    "(shape {})",
+                    op, v, c, batched ? fmt::format(" of row {}", r) : "", weights.shape());
+        total += static_cast<double>(v);
+      }
+      EMBER_CHECK(total > 0, "{}: the weights{} sum to 0: no category can be drawn (shape {})", op,
+                  batched ? fmt::format(" of row {}", r) : "", weights.shape());
+    }
+    GeneratorGuard guard;
+    int64_t* po = out.data<int64_t>();
+    for (int64_t r = 0; r < N; ++r)
+      multinomial_row(w + r * rs, cs, C, num_samples, replacement, guard.gen(),
+                      po + r * num_samples, 1);
+  });
+  return out;
 }
 
 }  // namespace ember

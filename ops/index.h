@@ -1,5 +1,6 @@
 // Ops that gather, scatter or copy data into a new layout: repeat, repeat_interleave, cat,
-// stack, index_select, masked_select, triu/tril and sort.
+// stack, index_select, gather, scatter_add, masked_select, triu/tril, sort and topk; and
+// multinomial, which draws indices.
 #pragma once
 
 #include "graph/tensor.h"
@@ -9,6 +10,9 @@ namespace ember {
 // The ops of this family that are also Tensor methods are declared in graph/tensor_ops.def.
 
 struct SortResult {
+  Tensor values, indices;
+};
+struct TopkResult {
   Tensor values, indices;
 };
 

@@ -14,6 +14,7 @@
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
+#include "ops/shape.h"
 
 namespace ember {
 
@@ -156,73 +157,100 @@ Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction
 
 namespace {
 
-// The (N, C) geometry of class scores of shape (N, C) or (C) (then N = 1), their target made
-// contiguous, and how many targets are not ignored.
+// Note [Class rows]
+// Scores (C), (N, C) or (N, C, d1, …, dK) hold one row of C class scores per target: the target
+// is (), (N) or (N, d1, …, dK). The op works on the scores seen as (N, C, D), D = d1 ⋯ dK (a
+// view when the trailing dims fold, else reshape's copy, whose gradient flows back as usual), and
+// numbers the rows r = n D + j in the target's row-major order; row r starts at n sn + j sd and
+// steps by sc from class to class. (C) is N = D = 1, (N, C) is D = 1.
 struct ClassRows {
-  int64_t N, C, row_stride, class_stride;
-  Tensor target;
-  double count;
+  Tensor scores;  // (C), (N, C) or (N, C, D)
+  int64_t N, C, D, sn, sc, sd;
+  Tensor target;     // contiguous, N D values
+  Shape loss_shape;  // the target's shape: what reduction None returns
+  double count;      // targets that are not ignored
+
+  int64_t rows() const { return N * D; }
+  int64_t start(int64_t r) const { return r / D * sn + r % D * sd; }
 };
 
-ClassRows check_class_target(const Tensor& scores, const Tensor& target, int64_t ignore_index,
-                             std::string_view op) {
+// The scores as (C), (N, C) or (N, C, D) and the target checked against them (Note [Class rows]).
+ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_index,
+                     std::string_view op) {
   check_defined(scores, op);
   check_defined(target, op);
-  EMBER_CHECK(scores.dim() == 1 || scores.dim() == 2,
-              "{}: expected input of shape (N, C) or (C), got shape {}", op, scores.shape());
+  EMBER_CHECK(scores.dim() >= 1,
+              "{}: expected input of shape (C), (N, C) or (N, C, d1, ...), got shape {}", op,
+              scores.shape());
   check_floating(scores, op);
   EMBER_CHECK(target.dtype() == kInt64, "{}: target must be Int64, got {} of shape {}", op,
               target.dtype(), target.shape());
-  const bool batched = scores.dim() == 2;
-  const Shape expected = batched ? Shape{scores.size(0)} : Shape{};
+  Shape expected = scores.shape();  // the scores' shape without the class dim
+  expected.erase(expected.begin() + (scores.dim() == 1 ? 0 : 1));
   EMBER_CHECK(target.shape() == expected,
               "{}: target of shape {} does not match input of shape {} (expected target shape {})",
               op, target.shape(), scores.shape(), expected);
-  ClassRows rows{batched ? scores.size(0) : 1,
-                 scores.size(-1),
-                 batched ? scores.stride(0) : 0,
-                 scores.stride(-1),
+  const int64_t nd = scores.dim();
+  int64_t D = 1;
+  for (int64_t d = 2; d < nd; ++d) D *= scores.size(d);
+  const Tensor x = nd > 3 ? reshape(scores, {scores.size(0), scores.size(1), D}) : scores;
+  ClassRows rows{x,
+                 nd == 1 ? 1 : x.size(0),
+                 x.size(nd == 1 ? 0 : 1),
+                 D,
+                 nd == 1 ? 0 : x.stride(0),
+                 x.stride(nd == 1 ? 0 : 1),
+                 nd > 2 ? x.stride(2) : 0,
                  target.contiguous(),
+                 expected,
                  0};
   const int64_t* t = rows.target.data<int64_t>();
-  for (int64_t n = 0; n < rows.N; ++n) {
-    EMBER_CHECK(t[n] == ignore_index || (t[n] >= 0 && t[n] < rows.C),
-                "{}: target {} out of range for {} classes (input of shape {})", op, t[n], rows.C,
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    EMBER_CHECK(t[r] == ignore_index || (t[r] >= 0 && t[r] < rows.C),
+                "{}: target {} out of range for {} classes (input of shape {})", op, t[r], rows.C,
                 scores.shape());
-    rows.count += t[n] != ignore_index;
+    rows.count += t[r] != ignore_index;
   }
   return rows;
 }
 
-// Per-row losses (double) as the op's result: (N) or () for None, else reduced over the
+// Per-row losses (double) as the op's result: the target's shape for None, else reduced over the
 // `count` rows that were not ignored (Mean) or summed.
 template <class T>
-Tensor row_losses_result(const std::vector<double>& losses, const Tensor& scores,
-                         Reduction reduction, double count) {
+Tensor row_losses_result(const std::vector<double>& losses, const ClassRows& g,
+                         Reduction reduction) {
   if (reduction != Reduction::None)
-    return reduce_values<T>(losses.data(), static_cast<int64_t>(losses.size()), reduction, count);
-  Tensor out = empty(scores.dim() == 2 ? Shape{scores.size(0)} : Shape{}, scores.dtype());
+    return reduce_values<T>(losses.data(), static_cast<int64_t>(losses.size()), reduction, g.count);
+  Tensor out = empty(g.loss_shape, g.scores.dtype());
   std::transform(losses.begin(), losses.end(), out.data<T>(),
                  [](double v) { return static_cast<T>(v); });
   return out;
 }
 
-// l_n = -x[n, t_n] (0 when t_n is ignored):  dX[n, t_n] = -dL_n, 0 elsewhere
+// The (N, C, D) geometry of a Node's saved input shape (Note [Class rows]).
+struct RowShape {
+  int64_t N, C, D;
+};
+RowShape row_shape(const Shape& shape) {
+  if (shape.size() == 1) return {1, shape[0], 1};
+  return {shape[0], shape[1], shape.size() > 2 ? shape[2] : 1};
+}
+
+// l_r = -x[n, t_r, j] (0 when t_r is ignored):  dX[n, t_r, j] = -dL_r, 0 elsewhere
 struct NllLossBackward final : Node {
   NllLossBackward(const Tensor& target, Reduction reduction, int64_t ignore_index, double count)
       : reduction_(reduction), ignore_index_(ignore_index), count_(count) {
     save(target_, target);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Shape& shape = input_shapes[0];
-    Tensor grad_x = zeros(shape, input_dtypes[0]);
-    const int64_t C = shape.back(), N = shape.size() == 2 ? shape[0] : 1;
+    Tensor grad_x = zeros(input_shapes[0], input_dtypes[0]);
+    const RowShape rs = row_shape(input_shapes[0]);
     const int64_t* t = target_.get().data<int64_t>();
     dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, count_);
       T* px = grad_x.data<T>();
-      for (int64_t n = 0; n < N; ++n)
-        if (t[n] != ignore_index_) px[n * C + t[n]] = -dl(n);
+      for (int64_t r = 0; r < rs.N * rs.D; ++r)
+        if (t[r] != ignore_index_) px[(r / rs.D * rs.C + t[r]) * rs.D + r % rs.D] = -dl(r);
     });
     return {grad_x};
   }
@@ -238,16 +266,16 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
                 int64_t ignore_index) {
   constexpr std::string_view op = "nll_loss";
   profile::Scope scope(op);
-  const ClassRows g = check_class_target(log_probs, target, ignore_index, op);
+  const ClassRows g = class_rows(log_probs, target, ignore_index, op);
   const int64_t* pt = g.target.data<int64_t>();
-  Tensor out = dispatch_float(log_probs.dtype(), op, [&]<class T>() {
-    const T* x = log_probs.data<T>();
-    std::vector<double> losses(g.N, 0.0);
-    for (int64_t n = 0; n < g.N; ++n)
-      if (pt[n] != ignore_index) losses[n] = -x[n * g.row_stride + pt[n] * g.class_stride];
-    return row_losses_result<T>(losses, log_probs, reduction, g.count);
+  Tensor out = dispatch_float(g.scores.dtype(), op, [&]<class T>() {
+    const T* x = g.scores.data<T>();
+    std::vector<double> losses(g.rows(), 0.0);
+    for (int64_t r = 0; r < g.rows(); ++r)
+      if (pt[r] != ignore_index) losses[r] = -x[g.start(r) + pt[r] * g.sc];
+    return row_losses_result<T>(losses, g, reduction);
   });
-  return record<NllLossBackward>(op, out, {log_probs}, g.target, reduction, ignore_index, g.count);
+  return record<NllLossBackward>(op, out, {g.scores}, g.target, reduction, ignore_index, g.count);
 }
 
 namespace {
@@ -272,49 +300,51 @@ inline double cross_entropy_row(const T* x, int64_t s, int64_t C, int64_t t, dou
   return eps == 0 ? nll : (1 - eps) * nll + eps / C * (sum_gap + C * log_s);
 }
 
-// l_n = (1 - eps) (-log p[n, t_n]) + eps / C Σ_c -log p[n, c],  p = softmax(x[n]):
-//   dX[n, c] = dL_n (p[n, c] - (1 - eps) [c = t_n] - eps / C),  0 for ignored rows
+// l_r = (1 - eps) (-log p[r, t_r]) + eps / C Σ_c -log p[r, c],  p = softmax of row r:
+//   dX[r, c] = dL_r (p[r, c] - (1 - eps) [c = t_r] - eps / C),  0 for ignored rows
 // Saves the logits (an input) and per row (m, log_s), so p = exp((x - m) - log_s).
 struct CrossEntropyBackward final : Node {
-  CrossEntropyBackward(const Tensor& logits, const Tensor& target, const Tensor& stats,
-                       Reduction reduction, int64_t ignore_index, double eps, double count)
-      : reduction_(reduction), ignore_index_(ignore_index), eps_(eps), count_(count) {
-    save(logits_, logits), save(target_, target), save(stats_, stats);
+  CrossEntropyBackward(const ClassRows& g, const Tensor& stats, Reduction reduction,
+                       int64_t ignore_index, double eps)
+      : rows_(g), reduction_(reduction), ignore_index_(ignore_index), eps_(eps) {
+    save(logits_, g.scores), save(target_, g.target), save(stats_, stats);
+    rows_.scores = rows_.target = Tensor();  // held by the saved slots, version-checked
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& x = logits_.get();
-    const int64_t C = x.size(-1), N = x.dim() == 2 ? x.size(0) : 1;
-    const int64_t s0 = x.dim() == 2 ? x.stride(0) : 0, s1 = x.stride(-1);
+    const ClassRows& g = rows_;
+    const int64_t C = g.C, D = g.D;
     Tensor grad_x = empty(x.shape(), x.dtype());
     const int64_t* t = target_.get().data<int64_t>();
     dispatch_float(x.dtype(), op(), [&]<class T>() {
-      const LossGrad<T> dl(grads[0], reduction_, count_);
+      const LossGrad<T> dl(grads[0], reduction_, g.count);
       const T *px = x.data<T>(), *stats = stats_.get().data<T>();
       T* pg = grad_x.data<T>();
       const T keep = static_cast<T>(1 - eps_), spread = static_cast<T>(eps_ / C);
       parallel_for(
-          N,
+          g.rows(),
           [&](int64_t begin, int64_t end) {
-            for (int64_t n = begin; n < end; ++n) {
-              T* row = pg + n * C;
-              if (t[n] == ignore_index_) {
-                std::fill(row, row + C, T(0));
+            for (int64_t r = begin; r < end; ++r) {
+              T* row = pg + r / D * C * D + r % D;  // grad_x is contiguous: class stride D
+              if (t[r] == ignore_index_) {
+                for (int64_t c = 0; c < C; ++c) row[c * D] = T(0);
                 continue;
               }
-              const T* xr = px + n * s0;
-              const T w = dl(n), m = stats[2 * n], log_s = stats[2 * n + 1];
+              const T* xr = px + g.start(r);
+              const T w = dl(r), m = stats[2 * r], log_s = stats[2 * r + 1];
               for (int64_t c = 0; c < C; ++c)
-                row[c] = w * (std::exp((xr[c * s1] - m) - log_s) - spread);
-              row[t[n]] -= w * keep;
+                row[c * D] = w * (std::exp((xr[c * g.sc] - m) - log_s) - spread);
+              row[t[r] * D] -= w * keep;
             }
           },
           row_grain(C));
     });
     return {grad_x};
   }
+  ClassRows rows_;  // the geometry; its tensors are in the saved slots
   Reduction reduction_;
   int64_t ignore_index_;
-  double eps_, count_;
+  double eps_;
   SavedTensor logits_, target_, stats_;
 };
 
@@ -324,32 +354,32 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                      int64_t ignore_index, double label_smoothing) {
   constexpr std::string_view op = "cross_entropy";
   profile::Scope scope(op);
-  const ClassRows g = check_class_target(logits, target, ignore_index, op);
+  const ClassRows g = class_rows(logits, target, ignore_index, op);
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
               "{}: label_smoothing must be in [0, 1], got {}", op, label_smoothing);
   const int64_t* pt = g.target.data<int64_t>();
-  Tensor stats = empty({g.N, 2}, logits.dtype());
-  Tensor out = dispatch_float(logits.dtype(), op, [&]<class T>() {
-    const T* x = logits.data<T>();
+  Tensor stats = empty({g.rows(), 2}, g.scores.dtype());
+  Tensor out = dispatch_float(g.scores.dtype(), op, [&]<class T>() {
+    const T* x = g.scores.data<T>();
     T* ps = stats.data<T>();
-    std::vector<double> losses(g.N, 0.0);
+    std::vector<double> losses(g.rows(), 0.0);
     parallel_for(
-        g.N,
+        g.rows(),
         [&](int64_t begin, int64_t end) {
-          for (int64_t n = begin; n < end; ++n) {
-            if (pt[n] == ignore_index) {
-              ps[2 * n] = ps[2 * n + 1] = 0;
+          for (int64_t r = begin; r < end; ++r) {
+            if (pt[r] == ignore_index) {
+              ps[2 * r] = ps[2 * r + 1] = 0;
               continue;
             }
-            losses[n] = cross_entropy_row(x + n * g.row_stride, g.class_stride, g.C, pt[n],
-                                          label_smoothing, ps + 2 * n);
+            losses[r] =
+                cross_entropy_row(x + g.start(r), g.sc, g.C, pt[r], label_smoothing, ps + 2 * r);
           }
         },
         row_grain(g.C));
-    return row_losses_result<T>(losses, logits, reduction, g.count);
+    return row_losses_result<T>(losses, g, reduction);
   });
-  return record<CrossEntropyBackward>(op, out, {logits}, logits, g.target, stats, reduction,
-                                      ignore_index, label_smoothing, g.count);
+  return record<CrossEntropyBackward>(op, out, {g.scores}, g, stats, reduction, ignore_index,
+                                      label_smoothing);
 }
 
 }  // namespace ember

@@ -239,4 +239,120 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   return record<NarrowBackward>(op, narrow_view(x, d, start, length), {x}, d, start);
 }
 
+// --- select, slice, split, chunk: views along one dim
+
+namespace {
+
+// y = x[..., index, ...] (that dim removed):  dX = zeros with dY written into that slice
+struct SelectBackward final : Node {
+  SelectBackward(int64_t dim, int64_t index) : dim_(dim), index_(index) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    Tensor grad_x = zeros(input_shapes[0], grads[0].dtype());
+    copy_into(select_view(grad_x, dim_, index_), grads[0]);
+    return {grad_x};
+  }
+  int64_t dim_, index_;
+};
+
+// t[..., start : start + length * step : step, ...] along dim (no autograd; dim wrapped).
+Tensor slice_view(const Tensor& t, int64_t dim, int64_t start, int64_t length, int64_t step) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape[dim] = length;
+  if (length > 1) strides[dim] *= step;  // a size-1 dim's stride is never read
+  return make_view(t, shape, strides, t.storage_offset() + start * t.stride(dim));
+}
+
+// y = x[..., start::step, ...] (length elements):  dX = zeros with dY written into that slice
+struct SliceBackward final : Node {
+  SliceBackward(int64_t dim, int64_t start, int64_t step) : dim_(dim), start_(start), step_(step) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    copy_into(slice_view(grad_x, dim_, start_, g.size(dim_), step_), g);
+    return {grad_x};
+  }
+  int64_t dim_, start_, step_;
+};
+
+// The views of split and chunk: pieces of `sizes` along dim d, each recorded as op `op`.
+std::vector<Tensor> split_views(const Tensor& x, int64_t d, const std::vector<int64_t>& sizes,
+                                std::string_view op) {
+  std::vector<Tensor> pieces;
+  pieces.reserve(sizes.size());
+  int64_t start = 0;
+  for (int64_t length : sizes) {
+    pieces.push_back(record<NarrowBackward>(op, narrow_view(x, d, start, length), {x}, d, start));
+    start += length;
+  }
+  return pieces;
+}
+
+// torch.split's sizes: pieces of split_size, the last one smaller; one piece at least.
+std::vector<int64_t> split_sizes(int64_t dim_size, int64_t split_size) {
+  const int64_t count = split_size == 0 ? 1 : std::max<int64_t>((dim_size - 1) / split_size + 1, 1);
+  std::vector<int64_t> sizes(count, split_size);
+  sizes.back() = dim_size - split_size * (count - 1);
+  return sizes;
+}
+
+}  // namespace
+
+Tensor select(const Tensor& x, int64_t dim, int64_t index) {
+  constexpr std::string_view op = "select";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() > 0, "{}: cannot select from a 0-d tensor", op);
+  const int64_t d = wrap_dim(dim, x.dim(), op), size = x.size(d);
+  EMBER_CHECK(index >= -size && index < size,
+              "{}: index {} out of range for dim {} of size {} (shape {})", op, index, d, size,
+              x.shape());
+  if (index < 0) index += size;
+  return record<SelectBackward>(op, select_view(x, d, index), {x}, d, index);
+}
+
+Tensor slice(const Tensor& x, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
+             int64_t step) {
+  constexpr std::string_view op = "slice";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() > 0, "{}: cannot slice a 0-d tensor", op);
+  EMBER_CHECK(step >= 1, "{}: step must be positive, got {}", op, step);
+  const int64_t d = wrap_dim(dim, x.dim(), op), size = x.size(d);
+  // Python's rules: a negative bound counts from the end, then both are clamped to [0, size].
+  const auto bound = [size](std::optional<int64_t> b, int64_t absent) {
+    if (!b) return absent;
+    const int64_t v = *b < 0 ? *b + size : *b;
+    return std::clamp<int64_t>(v, 0, size);
+  };
+  const int64_t s = bound(start, 0), e = bound(end, size);
+  const int64_t length = e > s ? (e - s - 1) / step + 1 : 0;
+  return record<SliceBackward>(op, slice_view(x, d, s, length, step), {x}, d, s, step);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  constexpr std::string_view op = "split";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() > 0, "{}: expected a tensor of at least 1 dim, got a 0-d tensor", op);
+  const int64_t d = wrap_dim(dim, x.dim(), op), size = x.size(d);
+  EMBER_CHECK(split_size >= 0, "{}: split_size must be non-negative, got {}", op, split_size);
+  EMBER_CHECK(split_size > 0 || size == 0,
+              "{}: split_size can be 0 only when dim {} has size 0, not size {} (shape {})", op, d,
+              size, x.shape());
+  return split_views(x, d, split_sizes(size, split_size), op);
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  constexpr std::string_view op = "chunk";
+  profile::Scope scope(op);
+  check_defined(x, op);
+  EMBER_CHECK(x.dim() > 0, "{}: expected a tensor of at least 1 dim, got a 0-d tensor", op);
+  EMBER_CHECK(chunks > 0, "{}: chunks must be positive, got {}", op, chunks);
+  const int64_t d = wrap_dim(dim, x.dim(), op), size = x.size(d);
+  // torch.chunk: pieces of ceil(size / chunks), so fewer than `chunks` pieces may come back
+  // (6 in 4 chunks is 2 + 2 + 2); an empty dim gives `chunks` empty pieces.
+  if (size == 0) return split_views(x, d, std::vector<int64_t>(chunks, 0), op);
+  return split_views(x, d, split_sizes(size, (size - 1) / chunks + 1), op);
+}
+
 }  // namespace ember

@@ -1,6 +1,8 @@
 // Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck on
 // three layouts, the PyTorch golden values and gradients and the edge cases; then gradcheck
 // through views and edge shapes, sort's NaN order, other dtypes, and every error path.
+#include <limits>
+
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -47,6 +49,24 @@ const OpTable kIndexOps = {
      [](auto& v) { return index_select(v[0], 0, ints({3, 0, 3, 1})); }},
     {"index_select dim -1", "a.index_select(-1, torch.tensor([2, 2, 0]))", {{2, 3, 4}}, {},
      [](auto& v) { return v[0].index_select(-1, ints({2, 2, 0})); }},
+    {"gather dim 1", "torch.gather(a, 1, torch.tensor([[0, 2, 2], [1, 0, 3], [3, 3, 0]]))",
+     {{3, 4}}, {},
+     [](auto& v) { return gather(v[0], 1, from_vector(std::vector<int64_t>{0, 2, 2, 1, 0, 3, 3, 3, 0}, {3, 3})); }},
+    // index longer than the input along dim 0 (repeats add up), narrower along dim 1
+    {"gather dim 0 repeated", "a.gather(0, torch.tensor([[1, 0], [1, 1], [0, 1]]))", {{2, 3}}, {},
+     [](auto& v) { return v[0].gather(0, from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 1}, {3, 2})); }},
+    {"gather dim -1 3-D", "a.gather(-1, torch.tensor([[[3], [0]], [[1], [1]]]))", {{2, 2, 4}}, {},
+     [](auto& v) { return gather(v[0], -1, from_vector(std::vector<int64_t>{3, 0, 1, 1}, {2, 2, 1})); }},
+    {"scatter_add dim 1", "a.scatter_add(1, torch.tensor([[0, 1, 0], [2, 2, 2]]), b)",
+     {{2, 4}, {2, 3}}, {},
+     [](auto& v) { return scatter_add(v[0], 1, from_vector(std::vector<int64_t>{0, 1, 0, 2, 2, 2}, {2, 3}), v[1]); }},
+    {"scatter_add dim 0", "torch.scatter_add(a, 0, torch.tensor([[2, 0], [2, 1]]), b)",
+     {{3, 2}, {2, 2}}, {},
+     [](auto& v) { return v[0].scatter_add(0, from_vector(std::vector<int64_t>{2, 0, 2, 1}, {2, 2}), v[1]); }},
+    // index narrower than the input in the other dim
+    {"scatter_add dim -1 narrow index", "a.scatter_add(-1, torch.tensor([[4, 0, 4]]), b)",
+     {{2, 5}, {1, 3}}, {},
+     [](auto& v) { return v[0].scatter_add(-1, from_vector(std::vector<int64_t>{4, 0, 4}, {1, 3}), v[1]); }},
     {"masked_select", "torch.masked_select(a, b)", {{3, 4}, {3, 4}}, {Real, Bool},
      [](auto& v) { return masked_select(v[0], v[1]); }},
     {"masked_select broadcast mask", "torch.masked_select(a, b)", {{3, 4}, {4}}, {Real, Bool},
@@ -89,6 +109,25 @@ const OpTable kIndexOps = {
      [](auto& v) { return v[0].sort(0).indices; }, kNoGrad},
     {"sort indices ties long descending", "torch.sort(a, descending=True, stable=True).indices",
      {{40}}, {Integer}, [](auto& v) { return sort(v[0], 0, true).indices; }, kNoGrad},
+    {"topk", "torch.topk(a, 3).values", {{3, 6}}, {}, [](auto& v) { return topk(v[0], 3).values; }},
+    {"topk smallest dim 0", "torch.topk(a, 2, dim=0, largest=False).values", {{4, 3}}, {},
+     [](auto& v) { return v[0].topk(2, 0, false).values; }},
+    // k * 64 <= n: torch's partial_sort path
+    {"topk long row", "torch.topk(a, 2).values", {{2, 130}}, {},
+     [](auto& v) { return topk(v[0], 2).values; }},
+    // ties: the gradient goes where torch's indices point; finite differences would split them
+    {"topk ties", "torch.topk(a, 3).values", {{3, 8}}, {Integer},
+     [](auto& v) { return topk(v[0], 3).values; }, kNoGradcheck},
+    {"topk indices ties", "torch.topk(a, 3).indices", {{3, 8}}, {Integer},
+     [](auto& v) { return topk(v[0], 3).indices; }, kNoGrad},
+    {"topk indices ties smallest", "torch.topk(a, 4, largest=False).indices", {{2, 9}}, {Integer},
+     [](auto& v) { return topk(v[0], 4, -1, false).indices; }, kNoGrad},
+    {"topk indices ties dim 0", "torch.topk(a, 5, dim=0).indices", {{7, 3}}, {Integer},
+     [](auto& v) { return v[0].topk(5, 0).indices; }, kNoGrad},
+    {"topk indices ties long row", "torch.topk(a, 1).indices", {{2, 70}}, {Integer},
+     [](auto& v) { return topk(v[0], 1).indices; }, kNoGrad},
+    {"topk indices ties unsorted", "torch.topk(a, 3, sorted=False).indices", {{3, 8}}, {Integer},
+     [](auto& v) { return topk(v[0], 3, -1, true, false).indices; }, kNoGrad},
 };
 // clang-format on
 
@@ -190,6 +229,43 @@ BOOST_AUTO_TEST_CASE(gradients_accumulate) {
   BOOST_TEST((z.grad().to_vector<double>() == std::vector<double>{3, 3}));
 }
 
+// gather and scatter_add beyond the table: 0-d inputs, other dtypes, empty indices, a src larger
+// than its index (its other elements get a zero gradient; torch 1.13's backward refuses it).
+BOOST_AUTO_TEST_CASE(gather_scatter_add_shapes_and_dtypes) {
+  const Tensor ints = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  BOOST_TEST(
+      (gather(ints, 1, from_vector(std::vector<int64_t>{2, 0}, {2, 1})).to_vector<int64_t>() ==
+       std::vector<int64_t>{3, 4}));
+  BOOST_TEST((scatter_add(ints, 0, from_vector(std::vector<int64_t>{1, 1}, {1, 2}),
+                          from_vector(std::vector<int64_t>{10, 20}, {1, 2}))
+                  .to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 14, 25, 6}));
+  const Tensor five = scalar_tensor(5.0, kFloat64);
+  BOOST_TEST((gather(five, 0, from_vector(std::vector<int64_t>{0, 0}, {2})).to_vector<double>() ==
+              std::vector<double>{5, 5}));
+  BOOST_TEST((gather(five, -1, from_vector(std::vector<int64_t>{0}, {})).shape() == Shape{}));
+  BOOST_TEST(
+      scatter_add(five, 0, from_vector(std::vector<int64_t>{0}, {}), scalar_tensor(2.0, kFloat64))
+          .item<double>() == 7.0);
+  BOOST_TEST((gather(zeros({2, 3}), 1, zeros({3, 0}, kInt64)).shape() == Shape{3, 0}));
+  BOOST_TEST(
+      (scatter_add(ones({2, 3}), 1, zeros({3, 0}, kInt64), ones({1, 1})).to_vector<float>() ==
+       std::vector<float>(6, 1.0f)));
+
+  Tensor x = zeros({2, 3}, kFloat64).requires_grad_();
+  Tensor src = ones({2, 4}, kFloat64).requires_grad_();
+  Tensor y = scatter_add(x, 1, from_vector(std::vector<int64_t>{0, 1, 2, 2}, {2, 2}), src);
+  BOOST_TEST((y.to_vector<double>() == std::vector<double>{1, 1, 0, 0, 0, 2}));
+  y.backward(arange(0, 6, 1, kFloat64).reshape({2, 3}));
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{0, 1, 2, 3, 4, 5}));
+  BOOST_TEST((src.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0, 5, 5, 0, 0}));
+  const Inputs in = {leaf({2, 3}), leaf({3, 4})};
+  const Tensor idx = from_vector(std::vector<int64_t>{2, 0, 0, 1, 1, 1}, {2, 3});
+  check_gradient([&](const Inputs& v) { return scatter_add(v[0], 1, idx.narrow(1, 0, 2), v[1]); },
+                 in, "scatter_add src larger than index");
+  check_gradient([&](const Inputs& v) { return gather(v[1].transpose(0, 1), 0, idx); }, in,
+                 "gather transposed");
+}
+
 BOOST_AUTO_TEST_CASE(sort_nan_order_indices_and_dtypes) {
   const double nan = std::nan("");
   const Tensor x = from_vector(std::vector<double>{1, nan, 0, 1}, {4}, kFloat64);
@@ -210,6 +286,142 @@ BOOST_AUTO_TEST_CASE(sort_nan_order_indices_and_dtypes) {
   const SortResult s0 = sort(scalar_tensor(4.0));
   BOOST_TEST(s0.values.item<double>() == 4.0);
   BOOST_TEST(s0.indices.item<int64_t>() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(topk_nan_dtypes_and_shapes) {
+  const double nan = std::nan("");
+  const Tensor x = from_vector(std::vector<double>{1, nan, 0, 3}, {4}, kFloat64);
+  const TopkResult top = topk(x, 2);  // NaN counts as the largest, as torch
+  BOOST_TEST(std::isnan(top.values.to_vector<double>()[0]));
+  BOOST_TEST((top.indices.to_vector<int64_t>() == std::vector<int64_t>{1, 3}));
+  BOOST_TEST((topk(x, 2, 0, false).indices.to_vector<int64_t>() == std::vector<int64_t>{2, 0}));
+  const Tensor ints = from_vector(std::vector<int64_t>{3, -1, 2, 7}, {2, 2});
+  BOOST_TEST((topk(ints, 1).values.to_vector<int64_t>() == std::vector<int64_t>{3, 7}));
+  BOOST_TEST((topk(ints, 1).indices.dtype() == kInt64));
+  BOOST_TEST((topk(ints, 0).values.shape() == Shape{2, 0}));
+  const TopkResult scalar = topk(scalar_tensor(4.0), 1);
+  BOOST_TEST(scalar.values.item<double>() == 4.0);
+  BOOST_TEST(scalar.indices.item<int64_t>() == 0);
+  BOOST_TEST((topk(zeros({0, 3}), 2).values.shape() == Shape{0, 2}));
+  // The values' gradient lands where they came from.
+  Tensor w = tensor({1, 5, 3, 4}, kFloat64).requires_grad_();
+  (topk(w, 2).values * tensor({10, 1}, kFloat64)).sum().backward();
+  BOOST_TEST((w.grad().to_vector<double>() == std::vector<double>{0, 10, 0, 1}));
+}
+
+namespace {
+
+// Pearson's chi-square statistic of observed counts against expected ones (cells with an
+// expectation of 0 must be empty and add nothing).
+double chi_square(const std::vector<double>& observed, const std::vector<double>& expected) {
+  double chi2 = 0;
+  for (size_t i = 0; i < observed.size(); ++i) {
+    if (expected[i] == 0) {
+      BOOST_TEST(observed[i] == 0.0, "a category of probability 0 was drawn: cell " << i);
+      continue;
+    }
+    chi2 += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
+  }
+  return chi2;
+}
+
+}  // namespace
+
+// Note [Chi-square bounds]
+// A correct sampler's statistic follows (for these counts, closely) a chi-square law with k =
+// (cells of non-zero probability - 1) degrees of freedom. Each bound below is exceeded with
+// probability about 1e-8 for its largest k (40 for k = 3, 37 for k = 2, 60 for k = 11; a
+// smaller k only makes it safer), so a correct sampler passes on any seed, while a probability
+// off by a few percent fails by far at these counts. The seed is fixed: a run is reproducible.
+BOOST_AUTO_TEST_CASE(multinomial_statistics) {
+  manual_seed(2024);
+  // With replacement, 1-D: 200000 draws over weights 1, 2, 3, 4 and a zero.
+  {
+    const int64_t n = 200000;
+    const Tensor draws = multinomial(tensor({1, 2, 0, 3, 4}), n, true);
+    BOOST_TEST((draws.shape() == Shape{n}));
+    BOOST_TEST((draws.dtype() == kInt64));
+    std::vector<double> counts(5, 0.0), expected;
+    for (int64_t c : draws.to_vector<int64_t>()) counts.at(c) += 1;
+    for (double w : {1, 2, 0, 3, 4}) expected.push_back(n * w / 10);
+    BOOST_TEST(chi_square(counts, expected) < 40.0);
+  }
+  // With replacement, 2-D: each row its own distribution (Float64, a transposed view).
+  {
+    const int64_t n = 100000;
+    const Tensor w = from_vector(std::vector<double>{1, 0, 1, 5, 1, 1}, {3, 2}, kFloat64);
+    const Tensor draws = multinomial(w.transpose(0, 1), n, true);  // rows (1, 1, 1), (0, 5, 1)
+    BOOST_TEST((draws.shape() == Shape{2, n}));
+    const std::vector<int64_t> all = draws.to_vector<int64_t>();
+    const std::vector<std::vector<double>> probs = {{1.0 / 3, 1.0 / 3, 1.0 / 3},
+                                                    {0, 5.0 / 6, 1.0 / 6}};
+    for (int64_t r = 0; r < 2; ++r) {
+      std::vector<double> counts(3, 0.0), expected;
+      for (int64_t i = 0; i < n; ++i) counts.at(all[r * n + i]) += 1;
+      for (double p : probs[r]) expected.push_back(n * p);
+      BOOST_TEST(chi_square(counts, expected) < 40.0, "row " << r);
+    }
+  }
+  // Without replacement: ordered pairs (i, j) have P = w_i / W · w_j / (W - w_i), one row each
+  // of an expanded (n, 4) weight tensor.
+  {
+    const int64_t n = 60000;
+    const std::vector<double> w = {1, 2, 3, 4};
+    const Tensor draws = multinomial(tensor({1, 2, 3, 4}).expand({n, 4}), 2);
+    BOOST_TEST((draws.shape() == Shape{n, 2}));
+    const std::vector<int64_t> all = draws.to_vector<int64_t>();
+    std::vector<double> counts(16, 0.0), expected(16, 0.0);
+    for (int64_t r = 0; r < n; ++r) {
+      BOOST_TEST_REQUIRE(all[2 * r] != all[2 * r + 1], "a category drawn twice in row " << r);
+      counts.at(all[2 * r] * 4 + all[2 * r + 1]) += 1;
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j)
+        if (i != j) expected[i * 4 + j] = n * w[i] / 10 * w[j] / (10 - w[i]);
+    BOOST_TEST(chi_square(counts, expected) < 60.0);
+  }
+  // Without replacement, one draw (the inverse-transform path): the weights' law.
+  {
+    const int64_t n = 50000;
+    const Tensor draws = multinomial(tensor({3, 0, 1}).expand({n, 3}), 1);
+    std::vector<double> counts(3, 0.0);
+    for (int64_t c : draws.to_vector<int64_t>()) counts.at(c) += 1;
+    BOOST_TEST(chi_square(counts, {n * 0.75, 0, n * 0.25}) < 37.0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(multinomial_permutations_and_seeding) {
+  manual_seed(3);
+  // num_samples = C without replacement: a permutation in every row.
+  const std::vector<int64_t> perm = multinomial(ones({50, 6}), 6).to_vector<int64_t>();
+  for (int64_t r = 0; r < 50; ++r) {
+    std::vector<int64_t> row(perm.begin() + r * 6, perm.begin() + r * 6 + 6);
+    std::sort(row.begin(), row.end());
+    BOOST_TEST((row == std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  }
+  // Zero-weight categories come after the positive ones, lowest index first.
+  for (int i = 0; i < 20; ++i) {
+    const std::vector<int64_t> d = multinomial(tensor({0, 1, 0, 2, 0}), 5).to_vector<int64_t>();
+    BOOST_TEST(((d[0] == 1 && d[1] == 3) || (d[0] == 3 && d[1] == 1)));
+    BOOST_TEST((std::vector<int64_t>(d.begin() + 2, d.end()) == std::vector<int64_t>{0, 2, 4}));
+  }
+  BOOST_TEST((multinomial(zeros({0, 3}), 2).shape() == Shape{0, 2}));
+  BOOST_TEST((multinomial(tensor({0, 0, 1}), 4, true).to_vector<int64_t>() ==
+              std::vector<int64_t>{2, 2, 2, 2}));
+
+  // The global generator: one seed, one sequence; the state saves and restores.
+  const Tensor w = rand({4, 10}) + 0.1;
+  manual_seed(11);
+  const std::vector<int64_t> a = w.multinomial(3).to_vector<int64_t>();
+  const std::vector<int64_t> a2 = w.multinomial(20, true).to_vector<int64_t>();
+  manual_seed(11);
+  BOOST_TEST((w.multinomial(3).to_vector<int64_t>() == a));
+  const Tensor state = get_rng_state();
+  BOOST_TEST((w.multinomial(20, true).to_vector<int64_t>() == a2));
+  set_rng_state(state);
+  BOOST_TEST((multinomial(w, 20, true).to_vector<int64_t>() == a2));
+  manual_seed(12);
+  BOOST_TEST((multinomial(w, 20, true).to_vector<int64_t>() != a2));
 }
 
 BOOST_AUTO_TEST_CASE(other_dtypes_and_empty_shapes) {
@@ -302,6 +514,80 @@ BOOST_AUTO_TEST_CASE(errors) {
       {"masked_select", "[2, 3]", "[4]"});
   expect_error([&] { masked_select(x, zeros({3, 2})); }, {"masked_select", "Bool", "Float32"});
 
+  const Tensor i22 = from_vector(std::vector<int64_t>{0, 1, 1, 0}, {2, 2});
+  expect_error(
+      [&] {
+        gather(x, 1, from_vector(std::vector<int64_t>{0, 2}, {1, 2}));
+      },
+      {"gather", "index 2", "out of bounds", "dim 1", "size 2"});
+  expect_error(
+      [&] {
+        gather(x, 0, from_vector(std::vector<int64_t>{-1}, {1, 1}));
+      },
+      {"gather", "index -1", "size 3"});
+  expect_error([&] { gather(x, 1, i22.to(kFloat32)); }, {"gather", "Int64", "Float32"});
+  expect_error(
+      [&] {
+        gather(x, 1, from_vector(std::vector<int64_t>{0, 1}, {2}));
+      },
+      {"gather", "[2]", "[3, 2]", "dims"});
+  expect_error(
+      [&] {
+        gather(x, 0, zeros({2, 3}, kInt64));
+      },
+      {"gather", "[2, 3]", "[3, 2]", "dim 1"});
+  expect_error([&] { gather(x, 2, i22); }, {"gather", "dim 2"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, from_vector(std::vector<int64_t>{3, 0}, {1, 2}), ones({1, 2}));
+      },
+      {"scatter_add", "index 3", "out of bounds", "dim 0", "size 3"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, i22, ones({2, 1}));
+      },
+      {"scatter_add", "src", "[2, 1]", "dim 1"});
+  expect_error(
+      [&] {
+        scatter_add(x, 0, i22, ones({2, 2}, kFloat64));
+      },
+      {"scatter_add", "Float64", "Float32"});
+  expect_error([&] { scatter_add(x, 0, i22, ones({4})); }, {"scatter_add", "src", "[4]", "dims"});
+  expect_error([] { topk(zeros({2, 3}), 4); }, {"topk", "k 4", "size 3"});
+  expect_error([] { topk(zeros({2, 3}), -1, 0); }, {"topk", "k -1", "size 2"});
+  expect_error([] { topk(zeros({2, 3}), 1, 2); }, {"topk", "dim 2"});
+  expect_error([] { topk(zeros({2}, kBool), 1); }, {"topk", "Bool"});
+  expect_error(
+      [] {
+        multinomial(tensor({1, -1, 2}), 1);
+      },
+      {"multinomial", "non-negative", "-1", "category 1"});
+  expect_error(
+      [] {
+        multinomial(tensor({1, std::numeric_limits<double>::infinity()}), 1);
+      },
+      {"multinomial", "finite", "inf"});
+  expect_error(
+      [] {
+        multinomial(tensor({std::nan(""), 1}).reshape({1, 2}), 1, true);
+      },
+      {"multinomial", "finite", "nan", "row 0"});
+  expect_error(
+      [] {
+        multinomial(tensor({1, 1, 0, 0}).reshape({2, 2}), 1);
+      },
+      {"multinomial", "row 1", "sum to 0"});
+  expect_error([] { multinomial(tensor({0, 0}), 1, true); }, {"multinomial", "sum to 0"});
+  expect_error(
+      [] {
+        multinomial(tensor({1, 1, 1}), 4);
+      },
+      {"multinomial", "4 samples", "3 categories", "without replacement"});
+  expect_error([] { multinomial(tensor({1, 1}), 0); }, {"multinomial", "num_samples", "0"});
+  expect_error([] { multinomial(ones({2, 2, 2}), 1); }, {"multinomial", "1-D or 2-D", "[2, 2, 2]"});
+  expect_error([] { multinomial(scalar_tensor(1.0), 1); }, {"multinomial", "1-D or 2-D", "[]"});
+  expect_error([] { multinomial(ones({3}, kInt64), 1); }, {"multinomial", "Int64"});
+  expect_error([] { multinomial(Tensor(), 1); }, {"multinomial", "undefined"});
   expect_error([] { triu(zeros({3})); }, {"triu", "[3]"});
   expect_error([] { tril(scalar_tensor(1.0)); }, {"tril", "2 dims"});
   expect_error([] { sort(zeros({2, 2}), 2); }, {"sort", "dim 2"});

@@ -22,6 +22,8 @@ Tensor targets(std::vector<int64_t> v) {
   return from_vector(std::move(v), {n});
 }
 Tensor target(int64_t t) { return from_vector(std::vector<int64_t>{t}, {}); }
+// Int64 targets of any shape (K-dim losses), row-major.
+Tensor targets(std::vector<int64_t> v, Shape shape) { return from_vector(std::move(v), shape); }
 
 // One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
 // row, run /usr/bin/python3 tests/golden/gen_op_tables.py. The rows are laid out by hand as a
@@ -133,6 +135,82 @@ const OpTable kLossOps = {
      {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Mean); }},
     {"cross_entropy one class sum", "F.cross_entropy(a, torch.tensor([0, 0]), reduction='sum')",
      {{2, 1}}, {}, [](auto& v) { return cross_entropy(v[0], targets({0, 0}), Sum); }},
+    // K-dim: scores (N, C, d1, ...) with targets (N, d1, ...); ignore_index and smoothing apply
+    // per position, the mean is over the positions not ignored
+    {"nll_loss K-dim none", "F.nll_loss(a, torch.tensor([[0, 4, 2], [1, -100, 3]]), "
+     "reduction='none')",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return nll_loss(v[0], targets({0, 4, 2, 1, -100, 3}, {2, 3}), None); }},
+    {"nll_loss K-dim mean", "F.nll_loss(a, torch.tensor([[0, 4, 2], [1, -100, 3]]))",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return nll_loss(v[0], targets({0, 4, 2, 1, -100, 3}, {2, 3}), Mean); }},
+    {"nll_loss K-dim sum", "F.nll_loss(a, torch.tensor([[0, 4, 2], [1, -100, 3]]), "
+     "reduction='sum')",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return nll_loss(v[0], targets({0, 4, 2, 1, -100, 3}, {2, 3}), Sum); }},
+    {"nll_loss 4-D none", "F.nll_loss(a, torch.tensor([[[0, 4], [2, 2], [1, 3]], "
+     "[[4, 4], [0, 1], [3, 2]]]), reduction='none', ignore_index=2)",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return nll_loss(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), None, 2);
+     }},
+    {"nll_loss 4-D mean", "F.nll_loss(a, torch.tensor([[[0, 4], [2, 2], [1, 3]], "
+     "[[4, 4], [0, 1], [3, 2]]]), ignore_index=2)",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return nll_loss(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), Mean, 2);
+     }},
+    {"cross_entropy K-dim none", "F.cross_entropy(a, torch.tensor([[0, 4, 2], [1, 3, 3]]), "
+     "reduction='none')",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 3}, {2, 3}), None); }},
+    {"cross_entropy K-dim mean", "F.cross_entropy(a, torch.tensor([[0, 4, 2], [1, 3, 3]]))",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 3}, {2, 3}), Mean); }},
+    {"cross_entropy K-dim sum", "F.cross_entropy(a, torch.tensor([[0, 4, 2], [1, 3, 3]]), "
+     "reduction='sum')",
+     {{2, 5, 3}}, {},
+     [](auto& v) { return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 3}, {2, 3}), Sum); }},
+    {"cross_entropy K-dim smoothing 0.1 ignore_index 3 none", "F.cross_entropy(a, "
+     "torch.tensor([[0, 4, 2], [1, 3, 3]]), reduction='none', ignore_index=3, label_smoothing=0.1)",
+     {{2, 5, 3}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 3}, {2, 3}), None, 3, 0.1);
+     }},
+    {"cross_entropy K-dim smoothing 0.1 ignore_index 3 mean", "F.cross_entropy(a, "
+     "torch.tensor([[0, 4, 2], [1, 3, 3]]), ignore_index=3, label_smoothing=0.1)",
+     {{2, 5, 3}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 1, 3, 3}, {2, 3}), Mean, 3, 0.1);
+     }},
+    {"cross_entropy 4-D none", "F.cross_entropy(a, torch.tensor([[[0, 4], [2, 2], [1, 3]], "
+     "[[4, 4], [0, 1], [3, 2]]]), reduction='none')",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), None);
+     }},
+    {"cross_entropy 4-D mean", "F.cross_entropy(a, torch.tensor([[[0, 4], [2, 2], [1, 3]], "
+     "[[4, 4], [0, 1], [3, 2]]]))",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), Mean);
+     }},
+    {"cross_entropy 4-D smoothing 0.2 ignore_index 2 sum", "F.cross_entropy(a, "
+     "torch.tensor([[[0, 4], [2, 2], [1, 3]], [[4, 4], [0, 1], [3, 2]]]), reduction='sum', "
+     "ignore_index=2, label_smoothing=0.2)",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), Sum, 2,
+                            0.2);
+     }},
+    {"cross_entropy 4-D smoothing 0.2 ignore_index 2 mean", "F.cross_entropy(a, "
+     "torch.tensor([[[0, 4], [2, 2], [1, 3]], [[4, 4], [0, 1], [3, 2]]]), "
+     "ignore_index=2, label_smoothing=0.2)",
+     {{2, 5, 3, 2}}, {},
+     [](auto& v) {
+       return cross_entropy(v[0], targets({0, 4, 2, 2, 1, 3, 4, 4, 0, 1, 3, 2}, {2, 3, 2}), Mean,
+                            2, 0.2);
+     }},
     // an empty batch: torch gives NaN for the mean (0 / 0), 0 for the sum
     {"nll_loss empty batch mean", "F.nll_loss(a, torch.zeros(0, dtype=torch.long))",
      {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], zeros({0}, kInt64), Mean); }},
@@ -247,6 +325,42 @@ BOOST_AUTO_TEST_CASE(cross_entropy_matches_composed_form) {
   BOOST_TEST(x.cross_entropy(t).item<double>() == cross_entropy(x, t).item<double>());
 }
 
+// (N, C, d1, d2) scores are the (N d1 d2, C) rows moved to the end: both losses, values and
+// gradients, on a transposed (non-contiguous) input large enough for the parallel rows.
+BOOST_AUTO_TEST_CASE(k_dim_matches_rows_form) {
+  manual_seed(6);
+  const Tensor base = randn({3, 4, 7, 40}, kFloat64) * 2.0;  // (N, d1, d2, C), then moved
+  Tensor t = randint(0, 40, {3, 4, 7});
+  t.select(1, 2).fill_(-100);
+  const Tensor rows_t = t.reshape({-1});
+  for (const auto& [name, r] : kReductions) {
+    for (double eps : {0.0, 0.15}) {
+      Tensor a = base.detach().clone().requires_grad_(), b = base.detach().clone().requires_grad_();
+      const Tensor k_dim = cross_entropy(a.permute({0, 3, 1, 2}), t, r, -100, eps);
+      const Tensor rows = cross_entropy(b.reshape({-1, 40}), rows_t, r, -100, eps);
+      const std::string what = fmt::format("cross_entropy {} eps {}", name, eps);
+      BOOST_TEST((k_dim.shape() == (r == Reduction::None ? t.shape() : Shape{})), what);
+      expect_close(k_dim, r == Reduction::None ? rows.reshape(t.shape()) : rows, 1e-12, 1e-12,
+                   what);
+      k_dim.sum().backward();
+      rows.sum().backward();
+      expect_close(a.grad(), b.grad(), 1e-12, 1e-14, what + " grad");
+    }
+    Tensor a = base.detach().clone().requires_grad_(), b = base.detach().clone().requires_grad_();
+    const Tensor k_dim = nll_loss(a.permute({0, 3, 1, 2}), t, r);
+    const Tensor rows = nll_loss(b.reshape({-1, 40}), rows_t, r);
+    expect_close(k_dim, r == Reduction::None ? rows.reshape(t.shape()) : rows, 1e-12, 1e-12,
+                 "nll_loss " + name);
+    k_dim.sum().backward();
+    rows.sum().backward();
+    expect_close(a.grad(), b.grad(), 1e-12, 1e-14, "nll_loss grad " + name);
+  }
+  // (N, C, d) with one position: the method form too.
+  const Tensor x = randn({2, 3, 1}, kFloat64);
+  BOOST_TEST(x.cross_entropy(targets({2, 0}, {2, 1})).item<double>() ==
+             cross_entropy(x.squeeze(2), targets({2, 0})).item<double>());
+}
+
 BOOST_AUTO_TEST_CASE(kl_div_zero_targets_gradcheck) {
   manual_seed(5);
   Tensor target = softmax(randn({3, 4}, kFloat64), 1);
@@ -294,7 +408,19 @@ BOOST_AUTO_TEST_CASE(errors) {
       [&] {
         nll_loss(zeros({2, 3, 4}), targets({1, 2}));
       },
-      {"nll_loss", "(N, C) or (C)", "[2, 3, 4]"});
+      {"nll_loss", "target of shape [2]", "input of shape [2, 3, 4]", "[2, 4]"});
+  expect_error(
+      [&] {
+        cross_entropy(zeros({2, 3, 4, 5}), zeros({2, 5, 4}, kInt64));
+      },
+      {"cross_entropy", "target of shape [2, 5, 4]", "[2, 3, 4, 5]", "[2, 4, 5]"});
+  expect_error(
+      [&] {
+        cross_entropy(zeros({2, 3, 4}), targets({0, 1, 2, 3, 0, 1, 2, 0}, {2, 4}));
+      },
+      {"cross_entropy", "target 3 out of range for 3 classes", "[2, 3, 4]"});
+  expect_error([&] { nll_loss(scalar_tensor(1.0), target(0)); },
+               {"nll_loss", "(N, C, d1, ...)", "[]"});
   expect_error([&] { nll_loss(zeros({3, 5}, kInt64), targets({1, 2, 0})); }, {"nll_loss", "Int64"});
   expect_error(
       [&] {

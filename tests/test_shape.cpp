@@ -36,6 +36,47 @@ const OpTable kShapeOps = {
      [](auto& v) { return v[0].narrow(-1, 1, 2).exp(); }},
     {"narrow dim 2", "a.narrow(2, 1, 2)", {{2, 3, 4}}, {},
      [](auto& v) { return narrow(v[0], 2, 1, 2); }},
+    {"select", "a.select(1, 2).exp()", {{3, 4}}, {},
+     [](auto& v) { return select(v[0], 1, 2).exp(); }},
+    {"select negative dim and index", "a.select(-1, -3) * 2.0", {{2, 3, 4}}, {},
+     [](auto& v) { return v[0].select(-1, -3) * 2.0; }},
+    {"slice step 2", "a[:, 1::2]", {{3, 5}}, {},
+     [](auto& v) { return slice(v[0], 1, 1, std::nullopt, 2); }},
+    // negative bounds count from the end; -10 clamps to 0, 100 to the size
+    {"slice negative bounds", "a[-10:-1].sin()", {{4, 3}}, {},
+     [](auto& v) { return v[0].slice(0, -10, -1).sin(); }},
+    {"slice step 3 past the end", "a[..., 1:100:3]", {{2, 3, 7}}, {},
+     [](auto& v) { return v[0].slice(-1, 1, 100, 3); }},
+    {"slice empty", "a[:, 3:1]", {{2, 4}}, {}, [](auto& v) { return v[0].slice(1, 3, 1); }},
+    // every piece weighted differently, so each one's gradient is checked
+    {"split uneven", "sum(p.sum(1) * (i + 1) for i, p in enumerate(a.split(2, 1)))", {{3, 5}},
+     {},
+     [](auto& v) {
+       Tensor acc;
+       const std::vector<Tensor> pieces = split(v[0], 2, 1);
+       for (size_t i = 0; i < pieces.size(); ++i) {
+         const Tensor term = pieces[i].sum({1}) * static_cast<double>(i + 1);
+         acc = acc.defined() ? acc + term : term;
+       }
+       return acc;
+     }},
+    {"split dim -1 larger than the dim", "a.split(9, -1)[0].exp()", {{2, 3, 4}}, {},
+     [](auto& v) { return v[0].split(9, -1)[0].exp(); }},
+    // 6 rows in 4 chunks: three chunks of 2, as torch.chunk
+    {"chunk fewer than asked",
+     "torch.cat([p * (i + 1) for i, p in enumerate(a.chunk(4))])", {{6, 2}}, {},
+     [](auto& v) {
+       std::vector<Tensor> pieces = chunk(v[0], 4);
+       for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = pieces[i] * static_cast<double>(i + 1);
+       return cat(pieces);
+     }},
+    {"chunk dim 1", "torch.cat([p * (i + 1) for i, p in enumerate(a.chunk(2, 1))], 1)",
+     {{2, 5}}, {},
+     [](auto& v) {
+       std::vector<Tensor> pieces = v[0].chunk(2, 1);
+       for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = pieces[i] * static_cast<double>(i + 1);
+       return cat(pieces, 1);
+     }},
 };
 // clang-format on
 
@@ -76,6 +117,63 @@ BOOST_AUTO_TEST_CASE(views_share_storage) {
   BOOST_TEST(arange(0, 12).reshape({3, 4}).narrow(0, 1, 2).view({8}).to_vector<float>()[0] == 4.0f);
 }
 
+// select, slice, split and chunk are views: they share x's storage and write through to it.
+BOOST_AUTO_TEST_CASE(select_slice_split_chunk_are_views) {
+  Tensor x = arange(0, 12).reshape({3, 4});
+  Tensor row = x.select(0, -1);
+  BOOST_TEST((row.shape() == Shape{4}));
+  BOOST_TEST((row.to_vector<float>() == std::vector<float>{8, 9, 10, 11}));
+  Tensor col = select(x, 1, 2);
+  BOOST_TEST((col.strides() == Shape{4}));
+  BOOST_TEST((col.to_vector<float>() == std::vector<float>{2, 6, 10}));
+  Tensor odd = x.slice(1, 1, std::nullopt, 2);
+  BOOST_TEST((odd.shape() == Shape{3, 2}));
+  BOOST_TEST((odd.strides() == Shape{4, 2}));
+  BOOST_TEST((odd.to_vector<float>() == std::vector<float>{1, 3, 5, 7, 9, 11}));
+  BOOST_TEST((x.slice(0, -100, 100).shape() == Shape{3, 4}));  // clamped, as Python
+  BOOST_TEST((x.slice(0, 2, 1).shape() == Shape{0, 4}));
+  BOOST_TEST((x.slice(1, -1).to_vector<float>() == std::vector<float>{3, 7, 11}));
+  BOOST_TEST((x.slice(1, std::nullopt, -2).shape() == Shape{3, 2}));
+  BOOST_TEST((x.slice(0, 1, 2, 5).shape() == Shape{1, 4}));
+
+  const auto shapes = [](const std::vector<Tensor>& pieces) {
+    std::vector<Shape> out;
+    for (const Tensor& p : pieces) out.push_back(p.shape());
+    return out;
+  };
+  BOOST_TEST((shapes(x.split(3, 1)) == std::vector<Shape>{{3, 3}, {3, 1}}));
+  BOOST_TEST((shapes(x.split(5, 1)) == std::vector<Shape>{{3, 4}}));
+  BOOST_TEST((shapes(split(zeros({0, 2}), 3)) == std::vector<Shape>{{0, 2}}));
+  BOOST_TEST((shapes(split(zeros({0, 2}), 0)) == std::vector<Shape>{{0, 2}}));
+  // torch.chunk: ceil(6 / 4) = 2 per chunk, so 3 chunks; 5 in 3 is 2 + 2 + 1
+  BOOST_TEST((shapes(chunk(zeros({6}), 4)) == std::vector<Shape>{{2}, {2}, {2}}));
+  BOOST_TEST((shapes(chunk(zeros({5}), 3)) == std::vector<Shape>{{2}, {2}, {1}}));
+  BOOST_TEST((shapes(chunk(zeros({2}), 5)) == std::vector<Shape>{{1}, {1}}));
+  BOOST_TEST((shapes(chunk(zeros({0, 2}), 3)) == std::vector<Shape>{{0, 2}, {0, 2}, {0, 2}}));
+  BOOST_TEST((shapes(chunk(zeros({3, 4}), 2, -1)) == std::vector<Shape>{{3, 2}, {3, 2}}));
+
+  // Writes through every kind of view reach x.
+  row.fill_(-1.0);
+  odd.select(0, 0).fill_(-2.0);
+  x.split(3, 1)[1].mul_(10.0);
+  x.chunk(3, 0)[1].select(1, 0).fill_(-3.0);
+  BOOST_TEST(
+      (x.to_vector<float>() == std::vector<float>{0, -2, 2, -20, -3, 5, 6, 70, -1, -1, -1, -10}));
+}
+
+// Gradients flow back through the views into the base, and add up where views overlap.
+BOOST_AUTO_TEST_CASE(view_gradients) {
+  Tensor x = arange(0, 6, 1, kFloat64).reshape({2, 3}).requires_grad_();
+  const std::vector<Tensor> halves = x.chunk(2, 1);
+  Tensor y = x.select(0, 1) * 2.0 +
+             x.slice(1, std::nullopt, std::nullopt, 2).sum({0}).repeat({2}).slice(0, 0, 3) +
+             halves[0].sum({1}).sum() + halves[1].sum() * 0.0 + x.split(1, 0)[0].squeeze(0);
+  y.sum().backward();
+  // select: row 1 gets 2 each; slice of columns 0 and 2: column 0 twice (outputs 0 and 2),
+  // column 2 once; chunk: the first two columns 3 times (3 outputs); split: row 0 once.
+  BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{6, 4, 2, 7, 5, 3}));
+}
+
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { ones({2, 3}).view({4, 2}); }, {"view", "[4, 2]", "size 6"});
   expect_error([] { ones({2, 3}).reshape({-1, -1}); }, {"reshape", "-1"});
@@ -84,6 +182,19 @@ BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { ones({2, 3}).permute({0, 0}); }, {"permute", "repeats"});
   expect_error([] { ones({2, 3}).expand({4, 3, 2}); }, {"expand", "[2, 3]"});
   expect_error([] { ones({2, 3}).narrow(1, 2, 2); }, {"narrow", "size 3"});
+  expect_error([] { ones({2, 3}).select(1, 3); }, {"select", "index 3", "size 3"});
+  expect_error([] { ones({2, 3}).select(0, -3); }, {"select", "index -3", "size 2"});
+  expect_error([] { scalar_tensor(1.0).select(0, 0); }, {"select", "0-d"});
+  expect_error([] { ones({2, 3}).select(2, 0); }, {"select", "dim 2"});
+  expect_error([] { ones({2, 3}).slice(1, 0, 2, 0); }, {"slice", "step", "0"});
+  expect_error([] { ones({2, 3}).slice(1, 2, 0, -1); }, {"slice", "step", "-1"});
+  expect_error([] { scalar_tensor(1.0).slice(0); }, {"slice", "0-d"});
+  expect_error([] { ones({2, 3}).slice(-3); }, {"slice", "dim -3"});
+  expect_error([] { ones({2, 3}).split(-1); }, {"split", "non-negative", "-1"});
+  expect_error([] { ones({2, 3}).split(0, 1); }, {"split", "0", "size 3"});
+  expect_error([] { scalar_tensor(1.0).split(1); }, {"split", "0-d"});
+  expect_error([] { ones({2, 3}).chunk(0); }, {"chunk", "positive", "0"});
+  expect_error([] { ones({2, 3}).chunk(2, 2); }, {"chunk", "dim 2"});
   expect_error([] { ones({2, 3}).item<float>(); }, {"item", "[2, 3]"});
   expect_error([] { ones({2}, kInt64).requires_grad_(); }, {"requires_grad_", "Int64"});
 }
