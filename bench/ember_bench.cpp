@@ -5,9 +5,10 @@
 //   ember_bench [--threads N] [--filter substr]... [--exact name]... [--json out.json] [--time s]
 //               [--list] [--smoke]
 //
-// Workloads: op level forward+backward (softmax, layer_norm, bmm, linear), the per-op overhead of
-// `x + 1` on one element, a sgemm reference rate, one epoch of D2L's parametric Nadaraya-Watson
-// regression, and (bench/transformer_steps.cpp) Annotated Transformer training steps.
+// Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention), the
+// per-op overhead of `x + 1` on one element, a sgemm reference rate, one epoch of D2L's
+// parametric Nadaraya-Watson regression, and (bench/transformer_steps.cpp) Annotated
+// Transformer training steps.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -76,6 +77,15 @@ void add_op_workloads() {
     const int64_t m = tiny ? 4 : 1024, k = tiny ? 8 : 512, n = tiny ? 16 : 2048;
     return forward_backward({leaf({m, k}), leaf({n, k}), leaf({n})},
                             [](auto& v) { return linear(v[0], v[1], v[2]); }, {m, n});
+  });
+  // The GPT-style char LM's causal attention (batch 12, heads 4, T 64, head dim 32): two
+  // products forward, four backward, 2·T·T·d each per head. PyTorch's side (1.13, before
+  // F.scaled_dot_product_attention) is the math formula with a precomputed causal mask.
+  add("op/sdpa causal (12,4,64,32)", 3.0 * 2 * 2 * 48 * 64 * 64 * 32, [](bool tiny) {
+    const Shape s = tiny ? Shape{1, 2, 4, 2} : Shape{12, 4, 64, 32};
+    return forward_backward(
+        {leaf(s), leaf(s), leaf(s)},
+        [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.0, true); }, s);
   });
   add("overhead/x+1 forward", 0, [](bool) {
     Tensor x = rand({1});

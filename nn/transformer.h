@@ -23,7 +23,19 @@ namespace ember::nn {
 
 // scores = q kᵀ / sqrt(d_k) masked where mask is false (mask == 0 -> -1e9), softmax over the keys,
 // then dropout when given; returns p_attn · v and p_attn. q (..., Tq, d_k), k and v (..., Tk, d_k),
-// mask broadcasting to (..., Tq, Tk).
+// mask broadcasting to (..., Tq, Tk), TRUE WHERE ATTENDING IS ALLOWED (Note [Mask polarity]).
+//
+// Note [Mask polarity]
+// The Annotated Transformer's masks, used here and by every module below, are true (nonzero)
+// where a query MAY attend to a key: src_mask = (src != pad), tgt_mask = that & subsequent_mask.
+// This is the opposite of torch.nn.MultiheadAttention's key_padding_mask and Bool attn_mask,
+// which are true where attending is NOT allowed. Passing a PyTorch-style padding mask (true = pad)
+// is not an error: each query then attends only to the padding. Invert it first
+// (logical_not(pad_mask)), broadcast as (B, 1, Tk). A mask is read as Bool (nonzero = attend), so
+// an additive float mask (0 = attend, -inf = blocked) is inverted the same way: convert it with
+// mask.eq(0.0) first. A row with no key allowed gets uniform weights (the -1e9 fill, as the
+// original), not zeros. ember::scaled_dot_product_attention follows torch 2's F.sdpa instead: its
+// Bool mask is also true where a key takes part, and its float masks are added.
 struct AttentionOutput {
   Tensor values, p_attn;
 };
@@ -37,6 +49,9 @@ class MultiHeadedAttention : public Cloneable<MultiHeadedAttention> {
  public:
   MultiHeadedAttention(int64_t h, int64_t d_model, double dropout = 0.1);
   // query (B, Tq, D), key and value (B, Tk, D); mask (B or 1, 1 or Tq, Tk) -> (B, Tq, D).
+  // The mask is TRUE WHERE ATTENDING IS ALLOWED (src != pad), the opposite of PyTorch's
+  // key_padding_mask (true = pad): a PyTorch-style mask silently attends only to the padding.
+  // See Note [Mask polarity].
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const Tensor& mask = {});
 

@@ -1,5 +1,5 @@
-// Neural-network functions with fused kernels: softmax, log_softmax, layer_norm, dropout and
-// embedding.
+// Neural-network functions with fused kernels: softmax, log_softmax, layer_norm, dropout,
+// embedding and scaled_dot_product_attention.
 #pragma once
 
 #include "graph/tensor.h"

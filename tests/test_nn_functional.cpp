@@ -1,6 +1,7 @@
-// softmax, log_softmax, layer_norm, dropout and embedding: one table of cases (tests/op_table.h)
-// drives gradcheck on several layouts, the PyTorch golden values and gradients and the edge
-// cases; then extreme inputs, the parallel paths, dropout's masks, and every error message.
+// softmax, log_softmax, layer_norm, dropout, embedding and scaled_dot_product_attention: one table
+// of cases (tests/op_table.h) drives gradcheck on several layouts, the PyTorch golden values and
+// gradients and the edge cases; then extreme inputs, the parallel paths, dropout's masks,
+// attention at the GPT shape, with dropout and masks, and every error message.
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -89,6 +90,51 @@ const OpTable kNnFunctionalOps = {
      [](auto& v) {
        return embedding(v[0], ints({2, 0, 2, 2, 4, 1}).reshape({2, 3}).transpose(0, 1));
      }},
+    // scaled_dot_product_attention against torch 2's formula, written out (python3-torch here is
+    // 1.13): softmax(q kᵀ / sqrt(E) + mask) v. A Bool mask is true where a key takes part; a
+    // query row with none gives zeros (torch >= 2.5's _safe_softmax: the where() below).
+    // kOptionalInputs: an undefined mask means no mask.
+    {"scaled_dot_product_attention", "torch.softmax(a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5, -1) @ c",
+     {{2, 3, 4}, {2, 5, 4}, {2, 5, 6}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2]); }},
+    {"scaled_dot_product_attention 2-D", "torch.softmax(a @ b.t() / a.shape[-1] ** 0.5, -1) @ c",
+     {{3, 4}, {5, 4}, {5, 2}}, {},
+     [](auto& v) { return v[0].scaled_dot_product_attention(v[1], v[2]); }},
+    {"scaled_dot_product_attention broadcast batch",
+     "torch.softmax(a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5, -1) @ c",
+     {{2, 1, 3, 4}, {3, 5, 4}, {2, 3, 5, 2}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2]); }},
+    {"scaled_dot_product_attention scale", "torch.softmax(a @ b.transpose(-2, -1) * 0.3, -1) @ c",
+     {{2, 2, 3, 4}, {2, 2, 3, 4}, {2, 2, 3, 4}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.0, false, 0.3); }},
+    {"scaled_dot_product_attention float mask",
+     "torch.softmax(a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5 + d, -1) @ c",
+     {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}, {3, 5}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], v[3]); }, kOptionalInputs},
+    {"scaled_dot_product_attention float mask adds batch dims",
+     "torch.softmax(a @ b.t() / a.shape[-1] ** 0.5 + d, -1) @ c",
+     {{3, 4}, {5, 4}, {5, 2}, {2, 3, 5}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], v[3]); }, kOptionalInputs},
+    {"scaled_dot_product_attention bool mask",
+     "torch.where(d.any(-1, keepdim=True), torch.softmax((a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5)"
+     ".masked_fill(~d, float('-inf')), -1), 0.0) @ c",
+     {{2, 3, 4}, {2, 5, 4}, {2, 5, 3}, {2, 1, 5}}, {Real, Real, Real, Bool},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], v[3]); }, kOptionalInputs},
+    {"scaled_dot_product_attention bool mask per query",
+     "torch.where(d.any(-1, keepdim=True), torch.softmax((a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5)"
+     ".masked_fill(~d, float('-inf')), -1), 0.0) @ c",
+     {{2, 2, 4, 3}, {2, 2, 4, 3}, {2, 2, 4, 3}, {4, 4}}, {Real, Real, Real, Bool},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], v[3]); }, kOptionalInputs},
+    {"scaled_dot_product_attention causal",
+     "torch.softmax((a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5).masked_fill("
+     "torch.ones(a.shape[-2], b.shape[-2], dtype=torch.bool).tril().logical_not(), float('-inf')), -1) @ c",
+     {{2, 4, 3}, {2, 6, 3}, {2, 6, 2}}, {},
+     [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.0, true); }},
+    {"scaled_dot_product_attention causal more queries than keys",
+     "torch.softmax((a @ b.transpose(-2, -1) / a.shape[-1] ** 0.5).masked_fill("
+     "torch.ones(a.shape[-2], b.shape[-2], dtype=torch.bool).tril().logical_not(), float('-inf')), -1) @ c",
+     {{1, 5, 2}, {1, 3, 2}, {1, 3, 4}}, {},
+     [](auto& v) { return v[0].scaled_dot_product_attention(v[1], v[2], {}, 0.0, true); }},
 };
 // clang-format on
 
@@ -344,6 +390,182 @@ BOOST_AUTO_TEST_CASE(embedding_errors) {
   expect_error([&] { embedding(w, tensor({1, 2})); }, {"embedding", "Int64", "Float32"});
   expect_error([&] { embedding(zeros({11}), from_vector(std::vector<int64_t>{1}, {1})); },
                {"embedding", "2-D", "[11]"});
+}
+
+// --- scaled_dot_product_attention
+
+namespace {
+
+// The composed formula softmax(q kᵀ / sqrt(E) + mask) v, with a causal mask when asked and
+// dropout of the weights as Ember's dropout draws it.
+Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                           double dropout_p = 0.0) {
+  Tensor scores = matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  if (causal)
+    scores = scores.masked_fill(logical_not(ones({q.size(-2), k.size(-2)}).tril().to(kBool)),
+                                -std::numeric_limits<double>::infinity());
+  return matmul(dropout(softmax(scores, -1), dropout_p, dropout_p > 0), v);
+}
+
+}  // namespace
+
+// The GPT-style causal shape (B 12, heads 4, T 64, head dim 32) in Float32, above every parallel
+// grain, against the composed formula: values and the gradients of q, k and v.
+BOOST_AUTO_TEST_CASE(attention_causal_large_matches_composed) {
+  manual_seed(31);
+  const Shape shape{12, 4, 64, 32};
+  const Tensor q0 = randn(shape), k0 = randn(shape), v0 = randn(shape), up = randn(shape);
+  for (bool causal : {true, false}) {
+    Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(),
+           v = v0.detach().requires_grad_();
+    Tensor qr = q0.detach().requires_grad_(), kr = k0.detach().requires_grad_(),
+           vr = v0.detach().requires_grad_();
+    const Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+    const Tensor ref = attention_reference(qr, kr, vr, causal);
+    const std::string what = causal ? "causal" : "full";
+    expect_close(out, ref, 1e-4, 1e-5, what);
+    out.backward(up);
+    ref.backward(up);
+    expect_close(q.grad(), qr.grad(), 1e-3, 1e-4, what + " dq");
+    expect_close(k.grad(), kr.grad(), 1e-3, 1e-4, what + " dk");
+    expect_close(v.grad(), vr.grad(), 1e-3, 1e-4, what + " dv");
+  }
+  // The first query of a causal row sees only the first key: its output is v[..., 0, :].
+  const Tensor first = scaled_dot_product_attention(q0, k0, v0, {}, 0.0, true).select(2, 0);
+  expect_close(first, v0.select(2, 0), 1e-6, 1e-6, "causal row 0");
+}
+
+// Dropout of the attention weights: the same key as Ember's dropout draws, so one seed gives
+// the formula's values and gradients exactly; p = 1 drops every weight.
+BOOST_AUTO_TEST_CASE(attention_dropout_matches_composed) {
+  manual_seed(32);
+  const Tensor q0 = randn({2, 3, 5, 4}, kFloat64), k0 = randn({2, 3, 6, 4}, kFloat64),
+               v0 = randn({2, 3, 6, 3}, kFloat64), up = randn({2, 3, 5, 3}, kFloat64);
+  for (bool causal : {false, true}) {
+    Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(),
+           v = v0.detach().requires_grad_();
+    Tensor qr = q0.detach().requires_grad_(), kr = k0.detach().requires_grad_(),
+           vr = v0.detach().requires_grad_();
+    manual_seed(77);
+    const Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.4, causal);
+    manual_seed(77);
+    const Tensor ref = attention_reference(qr, kr, vr, causal, 0.4);
+    expect_close(out, ref, 1e-12, 1e-12, "dropout");
+    out.backward(up);
+    ref.backward(up);
+    expect_close(q.grad(), qr.grad(), 1e-10, 1e-12, "dropout dq");
+    expect_close(k.grad(), kr.grad(), 1e-10, 1e-12, "dropout dk");
+    expect_close(v.grad(), vr.grad(), 1e-10, 1e-12, "dropout dv");
+    // A different draw gives different weights.
+    BOOST_TEST((scaled_dot_product_attention(q0, k0, v0, {}, 0.4, causal).to_vector<double>() !=
+                out.to_vector<double>()));
+  }
+  manual_seed(78);
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        manual_seed(78);  // one mask for every evaluation
+        return scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.3, true);
+      },
+      {leaf({2, 4, 3}), leaf({2, 4, 3}), leaf({2, 4, 2})}, "dropout gradcheck");
+  const Tensor all = scaled_dot_product_attention(q0, k0, v0, {}, 1.0);
+  for (double e : all.to_vector<double>()) BOOST_TEST(e == 0.0);
+}
+
+// Masks: Bool true takes part, the same as a float mask of 0 and -inf; a query with no key
+// taking part gives zeros and a zero gradient; the mask may be shared across batch and heads.
+BOOST_AUTO_TEST_CASE(attention_masks) {
+  manual_seed(33);
+  const Tensor q = randn({2, 2, 3, 4}, kFloat64), k = randn({2, 2, 5, 4}, kFloat64),
+               v = randn({2, 2, 5, 2}, kFloat64);
+  // Key padding as a PyTorch user writes it for nn.MultiheadAttention (true = pad) must be
+  // inverted here: keep = !pad, broadcast (B, 1, 1, S).
+  const Tensor pad =
+      from_vector(std::vector<double>{0, 0, 0, 1, 1, 0, 0, 0, 0, 1}, {2, 1, 1, 5}, kBool);
+  const Tensor keep = logical_not(pad);
+  const Tensor additive =
+      zeros({2, 1, 1, 5}, kFloat64).masked_fill(pad, -std::numeric_limits<double>::infinity());
+  const Tensor with_bool = scaled_dot_product_attention(q, k, v, keep);
+  expect_close(with_bool, scaled_dot_product_attention(q, k, v, additive), 1e-12, 1e-12,
+               "bool vs additive");
+  // Padded keys get no weight: changing their values changes nothing.
+  const Tensor v2 = v.clone();
+  v2.select(0, 0).narrow(-2, 3, 2).fill_(100.0);
+  expect_close(scaled_dot_product_attention(q, k, v2, keep), with_bool, 1e-12, 1e-12, "padding");
+  // The causal mask written as a Bool mask is is_causal.
+  const Tensor tri = ones({3, 5}).tril().to(kBool);
+  expect_close(scaled_dot_product_attention(q, k, v, tri),
+               scaled_dot_product_attention(q, k, v, {}, 0.0, true), 1e-12, 1e-12, "tril mask");
+  // A query row with no key: zeros, and no NaN in any gradient.
+  Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(),
+         vg = v.detach().requires_grad_();
+  Tensor none = ones({3, 5}, kBool);
+  none.select(0, 1).fill_(0.0);
+  const Tensor out = scaled_dot_product_attention(qg, kg, vg, none);
+  for (double e : out.select(2, 1).to_vector<double>()) BOOST_TEST(e == 0.0);
+  out.sum().backward();
+  for (const Tensor& g : {qg.grad(), kg.grad(), vg.grad()})
+    for (double e : g.to_vector<double>()) BOOST_TEST(std::isfinite(e));
+  for (double e : qg.grad().select(2, 1).to_vector<double>()) BOOST_TEST(e == 0.0);
+  // A Float32 mask with Float64 inputs is converted; Float32 inputs work alike.
+  expect_close(scaled_dot_product_attention(q, k, v, additive.to(kFloat32)), with_bool, 1e-12,
+               1e-12, "mask dtype");
+  expect_close(scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), keep)
+                   .to(kFloat64),
+               with_bool, 1e-5, 1e-5, "Float32");
+}
+
+BOOST_AUTO_TEST_CASE(attention_frees_graph_and_errors) {
+  const int64_t nodes = live_nodes(), impls = live_tensor_impls();
+  {
+    Tensor q = randn({2, 3, 4}, kFloat64).requires_grad_();
+    Tensor m = randn({3, 3}, kFloat64).requires_grad_();
+    scaled_dot_product_attention(q, q, q, m, 0.2).sum().backward();
+    BOOST_TEST(q.grad().defined());
+    BOOST_TEST(m.grad().defined());
+  }
+  BOOST_TEST(live_nodes() == nodes);
+  BOOST_TEST(live_tensor_impls() == impls);
+
+  const Tensor q = zeros({2, 3, 4}), k = zeros({2, 5, 4}), v = zeros({2, 5, 6});
+  const std::string op = "scaled_dot_product_attention";
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({3, 5}, kBool), 0.0, true);
+      },
+      {op, "attn_mask and is_causal"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, zeros({2, 5, 3}), v);
+      },
+      {op, "[2, 3, 4]", "[2, 5, 3]", "last dim"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, k, zeros({2, 4, 6}));
+      },
+      {op, "[2, 5, 4]", "[2, 4, 6]", "keys"});
+  expect_error([&] { scaled_dot_product_attention(q, k, v.to(kFloat64)); },
+               {op, "Float32", "Float64"});
+  expect_error([&] { scaled_dot_product_attention(zeros({4}), k, v); }, {op, "2 dims", "[4]"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, zeros({3, 5, 4}), zeros({3, 5, 6}));
+      },
+      {op, "broadcast"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({3, 4}, kBool));
+      },
+      {op, "broadcast"});
+  expect_error(
+      [&] {
+        scaled_dot_product_attention(q, k, v, ones({3, 5}, kInt64));
+      },
+      {op, "Bool or floating", "Int64"});
+  // a (1, S) mask broadcasts over the queries
+  BOOST_CHECK_NO_THROW(scaled_dot_product_attention(q, k, v, ones({1, 5})));
+  expect_error([&] { scaled_dot_product_attention(q, k, v, {}, 1.5); }, {op, "dropout_p", "1.5"});
+  expect_error([&] { scaled_dot_product_attention(q, k, zeros({5, 6}, kInt64)); }, {op, "Int64"});
+  expect_error([&] { scaled_dot_product_attention(Tensor(), k, v); }, {op, "undefined"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

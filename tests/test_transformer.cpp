@@ -136,6 +136,31 @@ BOOST_AUTO_TEST_CASE(attention_masks_keys_and_normalises) {
   expect_close(out.values, matmul(softmax(scores, -1), v), 1e-5, 1e-6, "values");
 }
 
+// Note [Mask polarity] in nn/transformer.h: MultiHeadedAttention's mask is true where attending
+// is allowed. A PyTorch-style key padding mask (true = pad) is not an error: it attends only to
+// the padding; inverted, it is the right mask; and sdpa reads a Bool mask the same way.
+BOOST_AUTO_TEST_CASE(multi_headed_attention_mask_polarity) {
+  manual_seed(2);
+  nn::MultiHeadedAttention mha(2, 8, 0.0);
+  const Tensor x = randn({2, 4, 8});
+  // key 3 is padding in batch 0, keys 2 and 3 in batch 1, as torch's key_padding_mask (B, Tk)
+  const Tensor pad = from_vector(std::vector<double>{0, 0, 0, 1, 0, 0, 1, 1}, {2, 4}, kBool);
+  mha.forward(x, x, x, logical_not(pad).unsqueeze(1));  // (B, 1, Tk), true = attend
+  const Tensor right = mha.attn;                        // (B, h, Tq, Tk)
+  BOOST_TEST(right.select(0, 0).select(-1, 3).abs().max().item<double>() == 0.0);
+  BOOST_TEST(right.select(0, 1).narrow(-1, 2, 2).abs().max().item<double>() == 0.0);
+  mha.forward(x, x, x, pad.unsqueeze(1));  // the PyTorch polarity: only the padding is attended
+  const Tensor wrong = mha.attn;
+  expect_close(wrong.select(0, 0).select(-1, 3), ones({2, 4}), 0, 1e-6, "pad only, batch 0");
+  expect_close(wrong.select(0, 1).narrow(-1, 2, 2).sum({-1}), ones({2, 4}), 0, 1e-6,
+               "pad only, batch 1");
+  // scaled_dot_product_attention: the same polarity for a Bool mask, true = takes part
+  const Tensor q = randn({2, 2, 4, 4}), k = randn({2, 2, 4, 4}), v = randn({2, 2, 4, 4});
+  const Tensor keep = logical_not(pad).reshape({2, 1, 1, 4});
+  expect_close(scaled_dot_product_attention(q, k, v, keep), nn::attention(q, k, v, keep).values,
+               1e-5, 1e-6, "sdpa and nn::attention agree on a Bool mask");
+}
+
 BOOST_AUTO_TEST_CASE(subsequent_mask_is_the_lower_triangle) {
   const Tensor m = nn::subsequent_mask(5);
   BOOST_TEST((m.dtype() == kBool));

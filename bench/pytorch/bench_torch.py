@@ -76,6 +76,17 @@ def _(tiny):
                             lambda v: nn.functional.linear(v[0], v[1], v[2]), (m, n))
 
 
+@workload("op/sdpa causal (12,4,64,32)", 3.0 * 2 * 2 * 48 * 64 * 64 * 32)
+def _(tiny):
+    s = (1, 2, 4, 2) if tiny else (12, 4, 64, 32)
+    future = torch.ones(s[2], s[2], dtype=torch.bool).triu(1)  # what F.sdpa's math path masks
+
+    def attention(v):
+        scores = (v[0] @ v[1].transpose(-2, -1)) / math.sqrt(s[3])
+        return torch.softmax(scores.masked_fill(future, float("-inf")), -1) @ v[2]
+    return forward_backward([leaf(*s), leaf(*s), leaf(*s)], attention, s)
+
+
 @workload("overhead/x+1 forward")
 def _(tiny):
     x = torch.rand(1)
