@@ -3,9 +3,10 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS       ?= 2
-# pocketsphinx-en-us: the CMU Pronouncing Dictionary (without stress) that examples/g2p trains on.
+# pocketsphinx-en-us: the CMU Pronouncing Dictionary (without stress) that examples/g2p trains on;
+# fortunes: the text examples/char_lm trains on.
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
-              libcli11-dev nlohmann-json3-dev pocketsphinx-en-us
+              libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test test-asan test-tsan bench format clean

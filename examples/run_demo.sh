@@ -10,4 +10,14 @@ for program in nw_regression mlp_regression transformer_copy; do
     ran=1
   fi
 done
+# G2P: a short, bounded run (20,000 train words, a small model, 10 epochs: about 3 minutes on 2
+# cores) that shows dev WER falling, then pronounces a few words with the saved model. The full
+# run (README, "Grapheme-to-phoneme") is `build/examples/g2p --out out/g2p`.
+if [ -x "$build/examples/g2p" ]; then
+  echo "=== g2p (short) ==="
+  "$build/examples/g2p" --limit 20000 --eval-limit 1000 --epochs 10 --layers 2 --d-model 128 \
+    --d-ff 256 --heads 4 --warmup 150 --lr-factor 0.3 --log-every 1000 --out out/g2p_demo
+  "$build/examples/g2p" --load out/g2p_demo --predict ember tensor gradient pytorch
+  ran=1
+fi
 [ "$ran" = 1 ] || { echo "no example program was built in $build/examples" >&2; exit 1; }

@@ -1,0 +1,92 @@
+// examples/char_lm, the character-level GPT, on a tiny config (skipped when Debian's fortunes
+// package is not installed; make deps installs it): the loss falls, a run stopped by --max-steps
+// and resumed matches one never stopped bit for bit, sampling is seeded, and bad flags fail
+// with one line.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+BOOST_AUTO_TEST_SUITE(test_char_lm)
+
+#ifdef EMBER_CHAR_LM
+namespace {
+
+constexpr const char* kFortunes = "/usr/share/games/fortunes";
+
+// Runs `char_lm args` with stdout and stderr to files in dir; returns the exit status.
+int run_char_lm(const std::string& args, const std::filesystem::path& dir) {
+  const std::string cmd = fmt::format("'{}' {} > '{}' 2> '{}'", EMBER_CHAR_LM, args,
+                                      (dir / "stdout").string(), (dir / "stderr").string());
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
+  if (!std::filesystem::exists(kFortunes)) {
+    BOOST_TEST_MESSAGE("skipped: " << kFortunes << " is absent (make deps installs fortunes)");
+    return;
+  }
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("ember_char_lm_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string config =
+      "--layers 1 --heads 2 --d-model 32 --block 16 --batch 8 --iters 40 --warmup 5 "
+      "--lr 3e-3 --eval-interval 10 --eval-iters 4 --sample 30 --threads 1";
+  const std::string a = (dir / "a").string(), b = (dir / "b").string();
+  // Each status is read before the stderr it may print: a message argument is evaluated eagerly.
+  const auto expect_ok = [&](const std::string& args) {
+    const int status = run_char_lm(args, dir);
+    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
+  };
+  expect_ok(fmt::format("{} --out '{}'", config, a));
+  const auto ma = nlohmann::json::parse(read_text(dir / "a/metrics.json"));
+  const auto val = ma.at("val_loss").get<std::vector<double>>();
+  BOOST_TEST_REQUIRE(val.size() == 5u);  // iterations 0, 10, 20, 30, 40
+  BOOST_TEST(val.back() < val.front() - 0.5, "val loss " << val.front() << " -> " << val.back());
+  BOOST_TEST(ma.at("sample").get<std::string>().size() >= 30u);
+  for (const char* file : {"model.safetensors", "loss.svg", "checkpoint.safetensors"})
+    BOOST_TEST(std::filesystem::exists(dir / "a" / file), file);
+
+  // Stopped twice (once mid-interval), resumed: the same losses, model and sample.
+  expect_ok(fmt::format("{} --out '{}' --max-steps 13", config, b));
+  BOOST_TEST(read_text(dir / "stdout").find("continue with --resume") != std::string::npos);
+  expect_ok(fmt::format("--resume '{}' --threads 1 --max-steps 10", b));
+  expect_ok(fmt::format("--resume '{}' --threads 1 --sample 30", b));
+  const auto mb = nlohmann::json::parse(read_text(dir / "b/metrics.json"));
+  for (const char* key : {"eval_iter", "train_loss", "val_loss", "sample"})
+    BOOST_TEST(ma.at(key) == mb.at(key), key << ": " << ma.at(key) << " vs " << mb.at(key));
+  BOOST_TEST(read_text(dir / "a/model.safetensors") == read_text(dir / "b/model.safetensors"));
+
+  // Sampling from a saved model: the same seed gives the same text, another seed other text.
+  const auto sample = [&](int seed) {
+    expect_ok(fmt::format("--load '{}' --sample 40 --prompt 'The ' --seed {}", a, seed));
+    return read_text(dir / "stdout");
+  };
+  const std::string s1 = sample(1);
+  BOOST_TEST(s1.starts_with("The "));
+  BOOST_TEST(sample(1) == s1);
+  BOOST_TEST(sample(2) != s1);
+
+  // Bad input: one line on stderr, a non-zero status.
+  BOOST_TEST(run_char_lm(fmt::format("--load '{}' --prompt 'caf\xe2\x9c\x93'", a), dir) == 1);
+  BOOST_TEST(read_text(dir / "stderr").find("not in the vocabulary") != std::string::npos);
+  BOOST_TEST(run_char_lm(fmt::format("--resume '{}' --layers 2", b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("run.json") != std::string::npos);
+  BOOST_TEST(run_char_lm("--data /nonexistent --threads 1", dir) == 1);
+  BOOST_TEST(read_text(dir / "stderr").find("fortunes") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+#endif
+
+BOOST_AUTO_TEST_SUITE_END()
