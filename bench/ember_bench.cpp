@@ -5,10 +5,9 @@
 //   ember_bench [--threads N] [--filter substr]... [--exact name]... [--json out.json] [--time s]
 //               [--list] [--smoke]
 //
-// Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention), the
-// per-op overhead of `x + 1` on one element, a sgemm reference rate, one epoch of D2L's
-// parametric Nadaraya-Watson regression, and (bench/transformer_steps.cpp) Annotated
-// Transformer training steps.
+// Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention, and
+// elementwise math functions, also forward alone), the per-op overhead of `x + 1` on one element, a sgemm reference rate, one epoch of D2L's parametric Nadaraya-Watson
+// regression, and (bench/transformer_steps.cpp) Annotated Transformer training steps.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -17,6 +16,8 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -87,6 +88,33 @@ void add_op_workloads() {
         {leaf(s), leaf(s), leaf(s)},
         [](auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.0, true); }, s);
   });
+  // Elementwise math on a (12, 64, 512) Float32 activation (an attention block's size), alone
+  // and forward + backward: the vectorised kernels of ops/vec_math.h. log reads U(0.5, 1.5).
+  using Unary = Tensor (*)(const Tensor&);
+  const std::pair<const char*, Unary> unary[] = {
+      {"exp", [](const Tensor& x) { return exp(x); }},
+      {"log", [](const Tensor& x) { return log(x); }},
+      {"tanh", [](const Tensor& x) { return tanh(x); }},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }},
+      {"gelu", [](const Tensor& x) { return gelu(x); }},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, "tanh"); }},
+      {"silu", [](const Tensor& x) { return silu(x); }},
+  };
+  for (const auto& [name, f] : unary) {
+    const bool positive = std::string_view(name) == "log";
+    const auto input = [positive](const Shape& s) {
+      return positive ? (rand(s) + 0.5).requires_grad_() : leaf(s);
+    };
+    add(fmt::format("op/{} (12,64,512)", name), 0, [f, input](bool tiny) {
+      const Shape s = tiny ? Shape{2, 3, 4} : Shape{12, 64, 512};
+      return forward_backward(
+          {input(s)}, [f](auto& v) { return f(v[0]); }, s);
+    });
+    add(fmt::format("op/{} forward (12,64,512)", name), 0, [f, input](bool tiny) {
+      const Tensor x = input(tiny ? Shape{2, 3, 4} : Shape{12, 64, 512}).detach();
+      return std::function<void()>([f, x] { (void)f(x); });
+    });
+  }
   add("overhead/x+1 forward", 0, [](bool) {
     Tensor x = rand({1});
     return std::function<void()>([x] { (void)(x + 1); });

@@ -15,6 +15,7 @@
 #include "graph/profile.h"
 #include "ops/common.h"
 #include "ops/kernels.h"
+#include "ops/vec_math.h"
 
 namespace ember {
 
@@ -329,18 +330,22 @@ Tensor pow(const Tensor& x, double p) {
       });
 }
 
+// The math functions below that have a vectorisable form in ops/vec_math.h (exp, log, tanh,
+// sigmoid, gelu, silu) use it in the forward and in the derivative: over contiguous data their
+// loops become SIMD code.
+
 // y = exp(x):  dX = dY * y
 Tensor exp(const Tensor& x) {
   return unary_math(
-      x, "exp", Saves::Output, [](auto v) { return std::exp(v); },
-      [](auto g, auto y) { return g * y; });
+      x, "exp", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vexp(v); },
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y; });
 }
 
 // y = log(x):  dX = dY / x
 Tensor log(const Tensor& x) {
   return unary_math(
-      x, "log", Saves::Input, [](auto v) { return std::log(v); },
-      [](auto g, auto v) { return g / v; });
+      x, "log", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vlog(v); },
+      [](auto g, auto v) EMBER_VEC_LAMBDA { return g / v; });
 }
 
 // y = sqrt(x):  dX = dY / (2 y)
@@ -367,58 +372,51 @@ Tensor cos(const Tensor& x) {
 // y = tanh(x):  dX = dY (1 - y²)
 Tensor tanh(const Tensor& x) {
   return unary_math(
-      x, "tanh", Saves::Output, [](auto v) { return std::tanh(v); },
-      [](auto g, auto y) { return g * (1 - y * y); });
+      x, "tanh", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vtanh(v); },
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); });
 }
 
 // y = 1 / (1 + exp(-x)):  dX = dY y (1 - y)
 Tensor sigmoid(const Tensor& x) {
   return unary_math(
-      x, "sigmoid", Saves::Output, [](auto v) { return 1 / (1 + std::exp(-v)); },
-      [](auto g, auto y) { return g * y * (1 - y); });
+      x, "sigmoid", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vsigmoid(v); },
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y * (1 - y); });
 }
 
 // torch's gelu. "none": y = x Φ(x) = x (1 + erf(x / √2)) / 2,  dX = dY (Φ(x) + x φ(x)).
-// "tanh": y = x (1 + tanh(u)) / 2 with u = √(2/π) (x + 0.044715 x³),
-//         dX = dY ((1 + t) / 2 + x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²) / 2),  t = tanh(u).
+// "tanh": y = x (1 + tanh(u)) / 2 with u = √(2/π) (x + 0.044715 x³), computed as x σ(2u) (the
+//         same function, without 1 + tanh's cancellation for negative x);
+//         dX = dY ((1 + t) / 2 + x (1 - t²) u' / 2) = dY (s + 2 x s (1 - s) u'),  s = σ(2u),
+//         t = tanh(u) = 2s - 1, u' = √(2/π) (1 + 3 · 0.044715 x²).
 Tensor gelu(const Tensor& x, std::string_view approximate) {
   EMBER_CHECK(approximate == "none" || approximate == "tanh",
               "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
   if (approximate == "tanh") {
     return unary_math(
         x, "gelu", Saves::Input,
-        [](auto v) {
+        [](auto v) EMBER_VEC_LAMBDA {
           using T = decltype(v);
           const T u = T(0.7978845608028654) * (v + T(0.044715) * v * v * v);
-          return T(0.5) * v * (T(1) + std::tanh(u));
+          return v * vsigmoid(T(2) * u);
         },
-        [](auto g, auto v) {
+        [](auto g, auto v) EMBER_VEC_LAMBDA {
           using T = decltype(v);
-          const T t = std::tanh(T(0.7978845608028654) * (v + T(0.044715) * v * v * v));
+          const T s = vsigmoid(T(1.5957691216057308) * (v + T(0.044715) * v * v * v));
           const T du = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * v * v);
-          return g * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+          return g * (s + T(2) * v * s * (T(1) - s) * du);
         });
   }
   return unary_math(
-      x, "gelu", Saves::Input,
-      [](auto v) {
-        using T = decltype(v);
-        return T(0.5) * v * (T(1) + std::erf(v * T(0.7071067811865476)));
-      },
-      [](auto g, auto v) {
-        using T = decltype(v);
-        const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.7071067811865476)));
-        const T pdf = std::exp(T(-0.5) * v * v) * T(0.3989422804014327);
-        return g * (cdf + v * pdf);
-      });
+      x, "gelu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
+      [](auto g, auto v) EMBER_VEC_LAMBDA { return g * (vnormal_cdf(v) + v * vnormal_pdf(v)); });
 }
 
 // y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))
 Tensor silu(const Tensor& x) {
   return unary_math(
-      x, "silu", Saves::Input, [](auto v) { return v / (1 + std::exp(-v)); },
-      [](auto g, auto v) {
-        const auto s = 1 / (1 + std::exp(-v));
+      x, "silu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vsigmoid(v); },
+      [](auto g, auto v) EMBER_VEC_LAMBDA {
+        const auto s = vsigmoid(v);
         return g * s * (1 + v * (1 - s));
       });
 }

@@ -87,6 +87,33 @@ def _(tiny):
     return forward_backward([leaf(*s), leaf(*s), leaf(*s)], attention, s)
 
 
+# Elementwise math on a (12, 64, 512) Float32 activation, alone and forward + backward; log reads
+# U(0.5, 1.5).
+UNARY = [("exp", torch.exp), ("log", torch.log), ("tanh", torch.tanh),
+         ("sigmoid", torch.sigmoid), ("gelu", nn.functional.gelu),
+         ("gelu tanh", lambda x: nn.functional.gelu(x, approximate="tanh")),
+         ("silu", nn.functional.silu)]
+
+
+def unary(name, f):
+    def make_input(s):
+        return (torch.rand(s) + 0.5).requires_grad_() if name == "log" else leaf(*s)
+
+    @workload(f"op/{name} (12,64,512)")
+    def _(tiny):
+        s = (2, 3, 4) if tiny else (12, 64, 512)
+        return forward_backward([make_input(s)], lambda v: f(v[0]), s)
+
+    @workload(f"op/{name} forward (12,64,512)")
+    def _(tiny):
+        x = make_input((2, 3, 4) if tiny else (12, 64, 512)).detach()
+        return lambda: f(x)
+
+
+for _name, _f in UNARY:
+    unary(_name, _f)
+
+
 @workload("overhead/x+1 forward")
 def _(tiny):
     x = torch.rand(1)
