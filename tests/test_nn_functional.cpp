@@ -514,6 +514,27 @@ BOOST_AUTO_TEST_CASE(attention_masks) {
                with_bool, 1e-5, 1e-5, "Float32");
 }
 
+// gradcheck where the table does not reach: value's batch dims outgrow the scores' (their
+// gradient is summed back), heads split from (B, T, h, d) as transposed views, as a
+// transformer passes them, and a causal row of one key.
+BOOST_AUTO_TEST_CASE(attention_gradcheck_broadcast_and_views) {
+  manual_seed(34);
+  check_gradient(
+      [](const std::vector<Tensor>& v) { return scaled_dot_product_attention(v[0], v[1], v[2]); },
+      {leaf({3, 4}), leaf({5, 4}), leaf({2, 5, 3})}, "value adds batch dims");
+  check_gradient(
+      [](const std::vector<Tensor>& v) {
+        const auto heads = [](const Tensor& t) { return t.view({2, 4, 2, 3}).transpose(1, 2); };
+        return scaled_dot_product_attention(heads(v[0]), heads(v[1]), heads(v[2]), {}, 0.0, true);
+      },
+      {leaf({2, 4, 6}), leaf({2, 4, 6}), leaf({2, 4, 6})}, "heads as transposed views");
+  check_gradient(
+      [](const std::vector<Tensor>& v) {
+        return scaled_dot_product_attention(v[0], v[1], v[2], v[3].expand({2, 3, 4}));
+      },
+      {leaf({2, 3, 2}), leaf({2, 4, 2}), leaf({2, 4, 2}), leaf({1, 4})}, "expanded float mask");
+}
+
 BOOST_AUTO_TEST_CASE(attention_frees_graph_and_errors) {
   const int64_t nodes = live_nodes(), impls = live_tensor_impls();
   {
