@@ -44,7 +44,10 @@ struct DistributedDataParallel::Impl {
   std::vector<MPI_Request> requests;  // one per bucket, parallel to buckets
   // Where each parameter's gradient goes: (bucket, position in it); frozen ones have none.
   std::vector<std::pair<size_t, size_t>> slot;
-  std::vector<char> ready;   // the parameter's gradient is in its bucket, this backward
+  std::vector<char> ready;      // the parameter's gradient is in its bucket, this backward
+  std::vector<size_t> arrival;  // the parameters in the order their gradients came, this backward
+  bool rebuilt = false;         // the buckets follow the first backward's arrival order
+  double cap_mb = 25;
   size_t next_launch = 0;    // buckets [0, next_launch) are in flight
   bool sync = true;          // false under no_sync()
   bool in_backward = false;  // a backward has started syncing: its finish() is queued
@@ -57,7 +60,8 @@ struct DistributedDataParallel::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  void assign_buckets(const std::vector<Tensor>& all, double cap_mb);
+  void assign_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets();
   void on_gradient(size_t i);
   void pack(size_t i);
   void launch_ready();
@@ -67,15 +71,15 @@ struct DistributedDataParallel::Impl {
   void reset();
 };
 
-// Note [Gradient buckets]: reverse registration order, one open bucket per dtype, closed once it
-// holds cap bytes.
-void DistributedDataParallel::Impl::assign_buckets(const std::vector<Tensor>& all, double cap_mb) {
+// Note [Gradient buckets]: the trainable parameters in `order`, one open bucket per dtype, closed
+// once it holds cap_mb.
+void DistributedDataParallel::Impl::assign_buckets(const std::vector<size_t>& order) {
   const double cap_bytes = cap_mb * 1024 * 1024;
   std::map<DType, size_t> open;
-  slot.assign(all.size(), {SIZE_MAX, 0});
-  for (size_t i = all.size(); i-- > 0;) {
-    const Tensor& p = all[i];
-    if (!p.requires_grad()) continue;
+  buckets.clear();
+  slot.assign(params.size(), {SIZE_MAX, 0});
+  for (const size_t i : order) {
+    const Tensor& p = params[i];
     auto it = open.find(p.dtype());
     if (it == open.end()) {
       it = open.emplace(p.dtype(), buckets.size()).first;
@@ -100,8 +104,23 @@ void DistributedDataParallel::Impl::assign_buckets(const std::vector<Tensor>& al
   requests.assign(buckets.size(), MPI_REQUEST_NULL);
 }
 
+// Note [Gradient buckets]: after the first synchronised backward, the buckets follow the order in
+// which rank 0's gradients arrived (torch's bucket rebuild), the parameters that got none last.
+// Reverse registration order only guesses it: the copy model registers its embeddings after the
+// decoder, yet their gradients come last, and the bucket holding them held back every later one.
+void DistributedDataParallel::Impl::rebuild_buckets() {
+  rebuilt = true;
+  std::vector<int64_t> order(arrival.begin(), arrival.end());
+  for (size_t i = params.size(); i-- > 0;)
+    if (slot[i].first != SIZE_MAX && std::find(arrival.begin(), arrival.end(), i) == arrival.end())
+      order.push_back(static_cast<int64_t>(i));
+  check_mpi(MPI_Bcast(order.data(), static_cast<int>(order.size()), MPI_INT64_T, 0, comm), kOp);
+  assign_buckets(std::vector<size_t>(order.begin(), order.end()));
+}
+
 void DistributedDataParallel::Impl::reset() {
   ready.assign(params.size(), 0);
+  arrival.clear();
   for (Bucket& b : buckets) b.pending = b.params.size();
   next_launch = 0;
   in_backward = false;
@@ -126,6 +145,7 @@ void DistributedDataParallel::Impl::on_gradient(size_t i) {
   EMBER_CHECK(!ready[i], "{}: parameter '{}' received its gradient twice in one backward", kOp,
               names[i]);
   pack(i);
+  arrival.push_back(i);
   if (--buckets[slot[i].first].pending == 0)
     launch_ready();
   else
@@ -196,6 +216,7 @@ void DistributedDataParallel::Impl::finish() {
               kOp);
   }
   for (const Bucket& b : buckets) unpack(b);
+  if (!rebuilt) rebuild_buckets();
   reset();
 }
 
@@ -269,17 +290,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     }
   }
 
-  std::vector<std::string> names;
-  std::vector<Tensor> params;
+  std::vector<size_t> reverse;
   for (const auto& [name, p] : named) {
-    names.push_back(name);
-    params.push_back(p);
+    if (p.requires_grad()) reverse.insert(reverse.begin(), d.params.size());
+    d.names.push_back(name);
+    d.params.push_back(p);
   }
-  Impl* self = impl_.get();
-  self->assign_buckets(params, options.bucket_cap_mb);
-  self->names = std::move(names);
-  self->params = std::move(params);                       // from here on, ~Impl removes the hooks
+  d.cap_mb = options.bucket_cap_mb;
+  d.assign_buckets(reverse);
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &d.comm), kOp);  // DDP's traffic apart from the user's
+  Impl* self = impl_.get();
   for (size_t i = 0; i < d.params.size(); ++i)
     if (d.slot[i].first != SIZE_MAX)
       set_post_accumulate_grad_hook(d.params[i],

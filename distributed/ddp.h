@@ -10,19 +10,21 @@
 //   for (...) { loss(model->forward(my_share)).backward(); optimizer.step(); ... }
 //
 // Note [Gradient buckets]
-// The trainable parameters are cut, in reverse registration order (roughly the order backward
+// The trainable parameters are cut, in reverse registration order (a guess at the order backward
 // produces their gradients), into buckets of about bucket_cap_mb each (one dtype per bucket; a
-// parameter larger than the cap is a bucket of its own). Each parameter has a post-accumulate-grad
-// hook (graph/autograd.h): when backward has accumulated its gradient, the hook copies it into
-// its bucket's buffer, and a bucket whose gradients are all in starts a non-blocking
-// MPI_Iallreduce, so the sums travel while backward computes the earlier layers. Buckets start
-// in index order, the same on every rank, as MPI requires. The first hook of a backward queues an
-// end-of-backward callback (autograd/engine.h's queue_callback) that fills in the parameters no
-// gradient reached (zeros: every rank then makes the same calls), starts the remaining buckets,
-// waits for all (profiler scope "ddp_allreduce_wait") and copies the means back into .grad, all
-// before backward returns. The buffer of each bucket carries, after the gradients, one count per
-// parameter of the ranks that had a gradient for it: a parameter that no rank used keeps an
-// undefined .grad, as without DDP, so the optimizer skips it.
+// parameter larger than the cap is a bucket of its own). After the first synchronised backward
+// they are cut again in the order rank 0's gradients arrived in it, as torch rebuilds its
+// buckets, so that each bucket fills up as early as it can. Each parameter has a
+// post-accumulate-grad hook (graph/autograd.h): when backward has accumulated its gradient, the
+// hook copies it into its bucket's buffer, and a bucket whose gradients are all in starts a
+// non-blocking MPI_Iallreduce, so the sums travel while backward computes the earlier layers.
+// Buckets start in index order, the same on every rank, as MPI requires. The first hook of a
+// backward queues an end-of-backward callback (autograd/engine.h's queue_callback) that fills in
+// the parameters no gradient reached (zeros: every rank then makes the same calls), starts the
+// remaining buckets, waits for all (profiler scope "ddp_allreduce_wait") and copies the means back
+// into .grad, all before backward returns. The buffer of each bucket carries, after the gradients,
+// one count per parameter of the ranks that had a gradient for it: a parameter that no rank used
+// keeps an undefined .grad, as without DDP, so the optimizer skips it.
 //
 // MPI's non-blocking collectives advance only inside MPI calls (OpenMPI has no progress thread by
 // default), so each hook also tests the buckets in flight. All MPI calls stay on the thread that
@@ -74,7 +76,8 @@ class DistributedDataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
   // The buckets, in the order they are all-reduced: each lists indices into
-  // module()->parameters() (trainable ones only). Empty when not initialised.
+  // module()->parameters() (trainable ones only); the layout changes once, after the first
+  // synchronised backward (Note [Gradient buckets]). Empty when not initialised.
   std::vector<std::vector<size_t>> buckets() const;
 
  private:
