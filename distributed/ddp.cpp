@@ -168,12 +168,14 @@ void DistributedDataParallel::Impl::pack(size_t i) {
   dispatch_float(b.dtype, kOp, [&]<class T>() {
     T* data = b.buffer.data<T>();
     T* dst = data + b.offsets[k];
-    if (g.defined()) {
-      const Tensor c = g.contiguous();
-      std::copy(c.data<T>(), c.data<T>() + c.numel(), dst);
-    } else {
-      std::fill(dst, dst + n, T(0));
-    }
+    const Tensor c = g.defined() ? g.contiguous() : Tensor();
+    const T* src = g.defined() ? c.data<T>() : nullptr;
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      if (src != nullptr)
+        std::copy(src + begin, src + end, dst + begin);
+      else
+        std::fill(dst + begin, dst + end, T(0));
+    });
     data[b.numel + static_cast<int64_t>(k)] = g.defined() ? T(1) : T(0);
   });
   ready[i] = 1;

@@ -26,6 +26,10 @@
 // one count per parameter of the ranks that had a gradient for it: a parameter that no rank used
 // keeps an undefined .grad, as without DDP, so the optimizer skips it.
 //
+// Every rank runs the same synchronised backwards in the same order, each reaching at least one
+// of the model's parameters (a backward that reaches none makes no MPI call, and the other ranks
+// would wait for it), as every rank makes the same collectives.
+//
 // MPI's non-blocking collectives advance only inside MPI calls (OpenMPI has no progress thread by
 // default), so each hook also tests the buckets in flight. All MPI calls stay on the thread that
 // initialised MPI: backward must run there (Note [Threads and MPI] in collectives.h).

@@ -81,6 +81,18 @@ inline double sum(double v) {
 #endif
 }
 
+// Rank 0's v on every rank: a decision rank 0 alone can make (early stopping on its evaluation)
+// that every rank must follow.
+inline double from_main(double v) {
+#ifdef EMBER_HAVE_MPI
+  ember::Tensor t = ember::scalar_tensor(v, ember::kFloat64);
+  ember::distributed::broadcast(t, 0);
+  return t.item<double>();
+#else
+  return v;
+#endif
+}
+
 // The model trained data-parallel: its gradients averaged over the ranks after each backward,
 // rank 0's weights on every rank from the start. Nothing in a world of one.
 class Replica {

@@ -5,11 +5,11 @@
 // bench/ddp.sh runs it as 1 process x 2 threads and 2 processes x 1 thread.
 //
 // For each: wall time per step (median over the timed steps, taken with the profiler off); then,
-// in a second pass with the profiler on, the time per step that backward spent waiting for the
-// all-reduces it had not finished ("ddp_allreduce_wait") and copying gradients in and out of the
-// buckets ("ddp_copy"); and, for comparison, a blocking all-reduce of the same bytes alone (all
-// gradients, in 25 MiB pieces). What the overlap hides is the part of the lone all-reduce that
-// backward did not wait for.
+// in a second pass with the profiler on and the ranks meeting before each backward, the time per
+// step that backward spent waiting at its end for the all-reduces it had not finished
+// ("ddp_allreduce_wait") and copying gradients in and out of the buckets ("ddp_copy"); and, for
+// comparison, a blocking all-reduce of the same bytes alone (all gradients, in 25 MiB pieces). What
+// the overlap hides is the part of the lone all-reduce that backward did not wait for.
 //
 //   ddp_bench [--workload A|epoch|all] [--steps S] [--threads T]
 #include <algorithm>
@@ -71,28 +71,33 @@ void run(const Workload& w, int64_t units) {
     const Tensor rows = b.src.narrow(0, lo, hi - lo).contiguous();
     mine.emplace_back(rows, rows, 0);
   }
-  const auto unit = [&] {  // one step (A), or one epoch
+  // One step (A), or one epoch. `aligned`: the ranks meet before each backward, so that the wait
+  // at its end is communication alone, not one rank's forward running late on a busy machine.
+  const auto unit = [&](bool aligned) {
     for (size_t i = 0; i < mine.size(); ++i) {
       const nn::Batch& b = mine[i];
       const Tensor out = model->forward(b.src, b.tgt, b.src_mask, b.tgt_mask);
-      loss_compute(out, b.tgt_y, static_cast<double>(batches[i].ntokens) / world).loss.backward();
+      const Tensor loss =
+          loss_compute(out, b.tgt_y, static_cast<double>(batches[i].ntokens) / world).loss;
+      if (aligned) distributed::barrier();
+      loss.backward();
       optimizer.step();
       optimizer.zero_grad();
       scheduler.step();
     }
   };
 
-  unit();  // warm-up
+  unit(false);  // warm-up
   std::vector<double> times;
   for (int64_t u = 0; u < units; ++u) {
     distributed::barrier();
     const auto t0 = Clock::now();
-    unit();
+    unit(false);
     times.push_back(seconds_since(t0));
   }
   profile::reset();
   profile::enable();
-  for (int64_t u = 0; u < units; ++u) unit();
+  for (int64_t u = 0; u < units; ++u) unit(true);
   profile::disable();
   const double steps = static_cast<double>(units * w.batches);
   const double wait_ms = profiled_ms("ddp_allreduce_wait") / steps;
