@@ -4,9 +4,11 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS       ?= 2
 # pocketsphinx-en-us: the CMU Pronouncing Dictionary (without stress) that examples/g2p trains on;
-# fortunes: the text examples/char_lm trains on.
+# fortunes: the text examples/char_lm trains on;
+# openmpi-bin, libopenmpi-dev: mpirun and MPI for distributed/ (data-parallel training).
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
-              libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes
+              libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
+              libopenmpi-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test test-asan test-tsan bench format clean

@@ -24,7 +24,32 @@ void check_finite(const Tensor& g, const Node& node, size_t input) {
               node.name(), input, g.shape());
 }
 
+// The callbacks of the backward running on this thread (queue_callback); null outside backward.
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+// Installs a backward's callback list for its duration (restoring the outer one: a Node may run
+// a backward of its own).
+class CallbackScope {
+ public:
+  explicit CallbackScope(std::vector<std::function<void()>>* list) : prev_(t_callbacks) {
+    t_callbacks = list;
+  }
+  ~CallbackScope() { t_callbacks = prev_; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+
+ private:
+  std::vector<std::function<void()>>* prev_;
+};
+
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  EMBER_CHECK(t_callbacks != nullptr,
+              "queue_callback: called outside backward (only a Node or a leaf's hook may queue a "
+              "callback)");
+  t_callbacks->push_back(std::move(fn));
+}
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   EMBER_CHECK(root.defined(), "backward: undefined tensor");
@@ -44,6 +69,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
               root.shape());
 
   NoGradGuard no_grad;
+  std::vector<std::function<void()>> callbacks;
+  CallbackScope callback_scope(&callbacks);
   const Edge root_edge = gradient_edge(root);
   Node* const start = root_edge.fn.get();
 
@@ -95,6 +122,10 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
       if (--dependencies[e.fn.get()] == 0) ready.push_back(e.fn.get());
     }
+  }
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    const std::function<void()> fn = std::move(callbacks[i]);  // fn may queue more (reallocate)
+    fn();
   }
 }
 

@@ -47,4 +47,32 @@ std::vector<int64_t> RandomSampler::indices(int64_t epoch) const {
   return order;
 }
 
+DistributedSampler::DistributedSampler(int64_t n, int64_t num_replicas, int64_t rank, bool shuffle,
+                                       uint64_t seed, bool drop_last)
+    : n_(n), num_replicas_(num_replicas), rank_(rank), shuffle_(shuffle), seed_(seed) {
+  EMBER_CHECK(n >= 0, "DistributedSampler: size must be non-negative, got {}", n);
+  EMBER_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got {}",
+              num_replicas);
+  EMBER_CHECK(rank >= 0 && rank < num_replicas,
+              "DistributedSampler: rank {} out of range for {} replicas", rank, num_replicas);
+  EMBER_CHECK(drop_last || n > 0 || num_replicas == 1,
+              "DistributedSampler: an empty dataset cannot be padded to {} replicas", num_replicas);
+  num_samples_ = drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(n_));
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffle_) shuffle(order, shuffle_key(seed_, epoch, 0));
+  // Pad by repeating the order from its start (or cut) to num_samples per replica.
+  const auto total = static_cast<size_t>(num_samples_ * num_replicas_);
+  for (size_t i = 0; order.size() < total; ++i) order.push_back(order[i]);
+  order.resize(total);
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(num_samples_));
+  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_))
+    mine.push_back(order[i]);
+  return mine;
+}
+
 }  // namespace ember::data

@@ -46,4 +46,26 @@ class RandomSampler final : public Sampler {
   uint64_t seed_;
 };
 
+// torch's DistributedSampler: rank `rank` of `num_replicas` gets every num_replicas-th index of
+// the epoch's order (RandomSampler(n, seed)'s permutation when shuffling, else 0..n-1), starting
+// at its rank, so the replicas' shares are disjoint and together cover the epoch. Every share has
+// the same size, ceil(n / num_replicas): the order is padded by repeating its start (or, with
+// drop_last, cut to floor(n / num_replicas) per share), so every rank runs the same number of
+// steps. Every rank must use the same n and seed. data/ knows no MPI: pass
+// distributed::world_size() and distributed::rank().
+class DistributedSampler final : public Sampler {
+ public:
+  DistributedSampler(int64_t n, int64_t num_replicas, int64_t rank, bool shuffle = true,
+                     uint64_t seed = 0, bool drop_last = false);
+  std::vector<int64_t> indices(int64_t epoch) const override;
+  // Indices per rank and epoch.
+  int64_t num_samples() const { return num_samples_; }
+
+ private:
+  int64_t n_, num_replicas_, rank_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t num_samples_;
+};
+
 }  // namespace ember::data

@@ -39,13 +39,14 @@ class SimpleLossCompute {
  public:
   SimpleLossCompute(ember::nn::Generator& generator, ember::nn::LabelSmoothing& criterion)
       : generator(generator), criterion(criterion) {}
-  // x (B, T, D) decoder output, y (B, T) Int64 targets.
-  LossOutput operator()(const ember::Tensor& x, const ember::Tensor& y, int64_t norm) {
+  // x (B, T, D) decoder output, y (B, T) Int64 targets; norm is the batch's ntokens (divided by
+  // the processes when each trains on a share of the batch: examples/data_parallel.h).
+  LossOutput operator()(const ember::Tensor& x, const ember::Tensor& y, double norm) {
     const ember::Tensor logits = generator.forward(x);
     const ember::Tensor sloss =
         criterion(logits.contiguous().view({-1, logits.size(-1)}), y.contiguous().view({-1})) /
-        static_cast<double>(norm);
-    return {sloss.item<double>() * static_cast<double>(norm), sloss};
+        norm;
+    return {sloss.item<double>() * norm, sloss};
   }
 
   ember::nn::Generator& generator;

@@ -9,8 +9,11 @@
 // --out. The task's data_gen and SimpleLossCompute are in examples/copy_task.h. Failures end as
 // one line on stderr and a non-zero exit (examples/program.h): flags and the --load file are
 // checked, memory estimated, before anything is built, and training stops on a non-finite loss.
+// Under mpirun each process trains on its share of every batch (examples/data_parallel.h): the
+// same training as one process with the same --batch, rank 0 printing and writing the files.
 //
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
+//   mpirun -np 2 transformer_copy --threads 1 the same on 2 processes, 40 sequences each per batch
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"
 #include <charconv>
 #include <chrono>
@@ -23,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "copy_task.h"
+#include "data_parallel.h"
 #include "ember.h"
 #include "program.h"
 
@@ -83,11 +87,14 @@ struct Progress {
 // One pass over `data`. In training mode (an optimizer is given), each batch is a step: forward,
 // loss, backward, optimizer and schedule; every log_every steps a progress line. The guard stops
 // training on a non-finite loss or gradient, or skips the step (not counted in the loss).
-// Returns the loss per token.
+// Returns the loss per token. With several processes, each runs its share of every batch, its
+// loss divided by the batch's tokens / processes so that the ranks' mean (the gradient DDP
+// averages) is the batch's loss per token; the losses shown are the sums over the ranks.
 double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
                  copy_task::SimpleLossCompute& loss_compute, optim::Optimizer* optimizer,
                  optim::LambdaLR* scheduler, TrainState& state, const Progress& progress,
-                 int64_t log_every, program::NonfiniteGuard& guard) {
+                 int64_t log_every, program::NonfiniteGuard& guard,
+                 const data_parallel::Session& dp) {
   const bool train = optimizer != nullptr;
   auto start = Clock::now();
   double total_loss = 0;
@@ -97,11 +104,14 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
     const auto step_start = Clock::now();
     std::optional<NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
-    const Tensor out = model.forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
-    const copy_task::LossOutput loss = loss_compute(out, batch.tgt_y, batch.ntokens);
+    const Batch mine = data_parallel::shard(batch, 0, dp.rank(), dp.size());
+    const Tensor out = model.forward(mine.src, mine.tgt, mine.src_mask, mine.tgt_mask);
+    const copy_task::LossOutput loss = loss_compute(
+        out, mine.tgt_y, static_cast<double>(batch.ntokens) / static_cast<double>(dp.size()));
+    const double batch_loss = data_parallel::sum(loss.total);  // every rank decides alike
     if (train) {
       const auto where = [&] { return fmt::format("epoch {}, batch {}", state.epoch, i); };
-      if (!guard.loss_ok(loss.total, where)) continue;
+      if (!guard.loss_ok(batch_loss, where)) continue;
       loss.loss.backward();
       if (!guard.gradients_ok(where)) {
         optimizer->zero_grad();
@@ -116,7 +126,7 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
       state.samples += batch.src.size(0);
       state.tokens += batch.ntokens;
     }
-    total_loss += loss.total;
+    total_loss += batch_loss;
     total_tokens += batch.ntokens;
     tokens += batch.ntokens;
     if (train && static_cast<int64_t>(i) % log_every == 1 % log_every) {
@@ -124,7 +134,7 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
       fmt::print(
           "Epoch Step: {:6d} | Accumulation Step: {:3d} | Loss: {:6.2f} | Tokens / Sec: {:7.1f} "
           "| Learning Rate: {:6.1e} | {}\n",
-          i, state.accum_step, loss.total / batch.ntokens, tokens / elapsed, optimizer->lr(),
+          i, state.accum_step, batch_loss / batch.ntokens, tokens / elapsed, optimizer->lr(),
           progress.eta(state.accum_step));
       std::fflush(stdout);
       start = Clock::now();
@@ -290,14 +300,16 @@ int decode_only(const std::string& load, const std::string& decode, const Config
   return 0;
 }
 
-// Trains the copy task with config c, decodes, and writes everything into out.
-int train(const Config& c, const std::string& out) {
+// Trains the copy task with config c, decodes, and writes everything into out (rank 0 only).
+int train(const Config& c, const std::string& out, const data_parallel::Session& dp) {
   const auto run_start = Clock::now();
-  program::prepare_out_dir(out, {"model.safetensors", "metrics.json", "loss.svg"});
+  if (dp.is_main())
+    program::prepare_out_dir(out, {"model.safetensors", "metrics.json", "loss.svg"});
 
   // Train the simple copy task.
   nn::LabelSmoothing criterion(V, /*padding_idx=*/0, /*smoothing=*/0.0);
   auto model = nn::make_model(V, V, c.layers, c.d_model, c.d_ff, c.heads, c.dropout);
+  const data_parallel::Replica replica(model);  // rank 0's weights; gradients averaged
   optim::Adam optimizer(model->parameters(),
                         {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
   const int64_t d_model = model->d_model();
@@ -308,31 +320,34 @@ int train(const Config& c, const std::string& out) {
 
   fmt::print(
       "copy task: V={} N={} d_model={} d_ff={} h={} dropout={} | {} epochs x {} batches "
-      "of {} | {} parameters\n",
-      V, c.layers, c.d_model, c.d_ff, c.heads, c.dropout, c.epochs, c.batches, c.batch, [&] {
+      "of {} | {} parameters{}\n",
+      V, c.layers, c.d_model, c.d_ff, c.heads, c.dropout, c.epochs, c.batches, c.batch,
+      [&] {
         int64_t n = 0;
         for (const Tensor& p : model->parameters()) n += p.numel();
         return n;
-      }());
+      }(),
+      dp.size() > 1 ? fmt::format(" | {} processes x {} threads", dp.size(), get_num_threads())
+                    : "");
   TrainState state;
   Progress progress;
   progress.total_steps = c.epochs * c.batches;
   viz::Animator animator("epoch", "loss per token", {"train", "eval"},
                          std::pair<double, double>{1, std::max<double>(2, c.epochs)});
-  animator.autosave(out + "/loss.svg");
+  if (dp.is_main()) animator.autosave(out + "/loss.svg");
   std::vector<double> train_losses, eval_losses;
   for (int64_t epoch = 0; epoch < c.epochs; ++epoch) {
     state.epoch = epoch + 1;
     model->train();
     const double train_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.batches), *model, loss_compute, &optimizer,
-                  &lr_scheduler, state, progress, c.log_every, guard);
+                  &lr_scheduler, state, progress, c.log_every, guard, dp);
     guard.check_loss(train_loss, fmt::format("the training loss of epoch {}", epoch + 1));
     guard.check_parameters(fmt::format("after epoch {}", epoch + 1));
     model->eval();
     const double eval_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.eval_batches), *model, loss_compute, nullptr,
-                  nullptr, state, progress, c.log_every, guard);
+                  nullptr, state, progress, c.log_every, guard, dp);
     guard.check_loss(eval_loss, fmt::format("the evaluation loss of epoch {}", epoch + 1));
     train_losses.push_back(train_loss);
     eval_losses.push_back(eval_loss);
@@ -346,7 +361,8 @@ int train(const Config& c, const std::string& out) {
     std::fflush(stdout);
   }
 
-  // Decode 1 .. 10, then fresh random sequences.
+  // Decode 1 .. 10, then fresh random sequences: rank 0 alone, as it writes the files.
+  if (!dp.is_main()) return 0;
   model->eval();
   const std::vector<int64_t> source{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   const std::vector<int64_t> decoded = decode_sequence(*model, source);
@@ -380,6 +396,7 @@ int train(const Config& c, const std::string& out) {
         {"smoothing", 0.0},
         {"seed", c.seed},
         {"threads", get_num_threads()},
+        {"processes", dp.size()},
         {"on_nonfinite", c.on_nonfinite == program::OnNonfinite::kStop ? "stop" : "skip"}}},
       {"skipped_steps", guard.skipped()},
       {"train_loss", train_losses},
@@ -405,6 +422,7 @@ int train(const Config& c, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  data_parallel::Session session(argc, argv);  // mpirun's processes, or a world of one
   Config c;
   std::string out = "out/transformer_copy", load, decode;
   CLI::App app{"The Annotated Transformer's copy task: train, decode, draw attention"};
@@ -431,10 +449,15 @@ int main(int argc, char** argv) {
          "--decode", decode,
          fmt::format("tokens to decode, e.g. \"1 5 2 7\" (needs --load; at most {})", kMaxDecode))
       ->needs("--load");
-  return program::run("transformer_copy", app, argc, argv, [&] {
+  return session.finish(program::run("transformer_copy", app, argc, argv, [&] {
     if (c.d_model % c.heads != 0)
       throw CLI::ValidationError(
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
+    if (c.batch < session.size())
+      throw CLI::ValidationError(
+          "--batch",
+          fmt::format("{} is fewer sequences than the {} processes that share each batch", c.batch,
+                      session.size()));
     if (!decode.empty()) parse_tokens(decode);
     set_num_threads(c.threads);
     manual_seed(c.seed);
@@ -443,6 +466,6 @@ int main(int argc, char** argv) {
         training_bytes(c),
         fmt::format("training with --layers {} --d-model {} --d-ff {} --heads {} --batch {}",
                     c.layers, c.d_model, c.d_ff, c.heads, c.batch));
-    return train(c, out);
-  });
+    return train(c, out, session);
+  }));
 }

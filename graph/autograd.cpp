@@ -89,15 +89,18 @@ class AccumulateGrad final : public Node {
     Tensor g = grads[0];
     if (!g.defined()) return {};
     if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
-    std::lock_guard lock(mutex_);
-    if (!leaf_->grad) {
-      // Own the buffer: later accumulation writes into it in place.
-      const bool owned =
-          g.impl_ptr().use_count() <= 2 && g.impl()->storage.use_count() == 1 && g.is_contiguous();
-      leaf_->grad = (owned ? g : g.clone()).impl_ptr();
-    } else {
-      Tensor(leaf_->grad).add_(g);
+    {
+      std::lock_guard lock(mutex_);
+      if (!leaf_->grad) {
+        // Own the buffer: later accumulation writes into it in place.
+        const bool owned = g.impl_ptr().use_count() <= 2 && g.impl()->storage.use_count() == 1 &&
+                           g.is_contiguous();
+        leaf_->grad = (owned ? g : g.clone()).impl_ptr();
+      } else {
+        Tensor(leaf_->grad).add_(g);
+      }
     }
+    if (leaf_->post_accumulate_grad_hook) leaf_->post_accumulate_grad_hook(Tensor(leaf_));
     return {};
   }
 
@@ -122,6 +125,12 @@ Edge gradient_edge(const Tensor& t) {
     t.impl()->grad_accumulator = acc;
   }
   return {acc, 0};
+}
+
+void set_post_accumulate_grad_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook) {
+  EMBER_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(),
+              "set_post_accumulate_grad_hook: needs a leaf that requires grad");
+  leaf.impl()->post_accumulate_grad_hook = std::move(hook);
 }
 
 bool any_requires_grad(const std::vector<Tensor>& ts) {

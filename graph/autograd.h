@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -165,6 +166,12 @@ void record(std::string_view op, std::initializer_list<Tensor*> outputs,
 // The edge a gradient for `t` flows along: t's grad_fn, or its leaf accumulator (made on first
 // use); empty when t needs no gradient.
 Edge gradient_edge(const Tensor& t);
+
+// Runs hook(leaf) each time a backward pass has accumulated a gradient into `leaf`'s .grad: once
+// per backward that reaches the leaf, on the thread running it, after the leaf's accumulation
+// (torch's register_post_accumulate_grad_hook). DistributedDataParallel starts its all-reduce from
+// here. One hook per leaf: a new one replaces the old, an empty one removes it.
+void set_post_accumulate_grad_hook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
 
 // Links `node` to the inputs (one edge each) and makes it the grad_fn of the outputs.
 void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,

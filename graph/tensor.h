@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -66,6 +67,9 @@ struct TensorImpl {
   uint32_t output_nr = 0;         // which output of grad_fn this is
   std::weak_ptr<Node> grad_accumulator;
   std::shared_ptr<TensorImpl> grad;
+  // Run by backward once it has accumulated this leaf's gradient into `grad`
+  // (set_post_accumulate_grad_hook in graph/autograd.h); empty for almost every tensor.
+  std::function<void(const Tensor&)> post_accumulate_grad_hook;
 };
 
 // Number of TensorImpls alive now (the leak tests count them).

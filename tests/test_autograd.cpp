@@ -1,5 +1,6 @@
 // The autograd engine: accumulation, grad mode, retain_graph, version counters, anomaly mode,
-// freeing of the graph (no cycles, no recursion), and its errors.
+// freeing of the graph (no cycles, no recursion), leaf hooks and end-of-backward callbacks, and
+// its errors.
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -220,6 +221,35 @@ BOOST_AUTO_TEST_CASE(errors) {
                {"backward", "create_graph", "double backward"});
   expect_error([] { gradcheck([](auto& v) { return v[0] * 2.0; }, {ones({2}).requires_grad_()}); },
                {"gradcheck", "Float32"});
+}
+
+// The two points DistributedDataParallel hooks into: a leaf's post-accumulate-grad hook runs
+// once per backward, after every contribution is summed into .grad; callbacks queued during a
+// backward run after its last Node, before it returns, in order, and may queue more.
+BOOST_AUTO_TEST_CASE(post_accumulate_grad_hook_and_queue_callback) {
+  Tensor a = tensor({1, 2}, kFloat64).requires_grad_();
+  Tensor b = tensor({3, 4}, kFloat64).requires_grad_();
+  std::vector<std::string> events;
+  set_post_accumulate_grad_hook(a, [&](const Tensor& leaf) {
+    BOOST_TEST(leaf.same(a));
+    events.push_back(fmt::format("a {}", fmt::join(leaf.grad().to_vector<double>(), " ")));
+    if (events.size() == 1)
+      queue_callback([&] {
+        events.push_back(fmt::format("end, b {}", fmt::join(b.grad().to_vector<double>(), " ")));
+        queue_callback([&] { events.push_back("queued by a callback"); });
+      });
+  });
+  ((a * b).sum() + (a * 2.0).sum()).backward();  // two paths into a: its hook sees b + 2
+  BOOST_TEST((events == std::vector<std::string>{"a 5 6", "end, b 1 2", "queued by a callback"}));
+  (a * 3.0).sum().backward();  // accumulates: the hook sees the sum, b's branch is not run
+  BOOST_TEST(events.back() == "a 8 9");
+  set_post_accumulate_grad_hook(a, nullptr);
+  (a * 3.0).sum().backward();
+  BOOST_TEST(events.size() == 4u);
+  expect_error([] { queue_callback([] {}); }, {"queue_callback", "outside backward"});
+  Tensor c = tensor({1.0});
+  expect_error([&] { set_post_accumulate_grad_hook(c, [](const Tensor&) {}); },
+               {"set_post_accumulate_grad_hook", "leaf that requires grad"});
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_catches_a_wrong_gradient) {

@@ -1,7 +1,8 @@
 // The data layer: pad_sequence (values as torch's, gradients), Vocab (order, encode/decode, the
 // text format), the reproducible shuffle (values from the Python transcription in
 // data/sampler.h), and the DataLoader: padding and masks, every example once per epoch, the same
-// seed giving the same batches, the token budget, drop_last, and its errors.
+// seed giving the same batches, the token budget, drop_last, and its errors; DistributedSampler's
+// shares (as torch's).
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
@@ -118,6 +119,56 @@ BOOST_AUTO_TEST_CASE(shuffle_is_the_documented_algorithm) {
   BOOST_TEST((sampler.indices(0) == std::vector<int64_t>{4, 6, 7, 0, 9, 5, 1, 2, 3, 8}));
   BOOST_TEST((sampler.indices(1) == std::vector<int64_t>{1, 3, 0, 4, 5, 8, 2, 7, 6, 9}));
   BOOST_TEST((data::SequentialSampler(3).indices(5) == std::vector<int64_t>{0, 1, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(distributed_sampler_shards_as_torch) {
+  // torch.utils.data.DistributedSampler(range(10), num_replicas=3, shuffle=False): the order
+  // padded with its start to 12, then every third index from the rank.
+  const auto share = [](int64_t rank, bool drop_last = false) {
+    return data::DistributedSampler(10, 3, rank, /*shuffle=*/false, 0, drop_last).indices(0);
+  };
+  BOOST_TEST((share(0) == std::vector<int64_t>{0, 3, 6, 9}));
+  BOOST_TEST((share(1) == std::vector<int64_t>{1, 4, 7, 0}));
+  BOOST_TEST((share(2) == std::vector<int64_t>{2, 5, 8, 1}));
+  BOOST_TEST((share(2, /*drop_last=*/true) == std::vector<int64_t>{2, 5, 8}));
+  BOOST_TEST(data::DistributedSampler(10, 3, 0, false, 0, true).num_samples() == 3);
+  // Padding repeats the order as often as it takes (torch's indices * ceil(...)).
+  BOOST_TEST((data::DistributedSampler(2, 5, 4, false).indices(0) == std::vector<int64_t>{0}));
+
+  // Shuffled: the shares interleave RandomSampler's permutation of the same seed and epoch, so
+  // one replica is RandomSampler, and the shares of an epoch are disjoint and cover it.
+  const data::RandomSampler whole(10, 42);
+  BOOST_TEST((data::DistributedSampler(10, 1, 0, true, 42).indices(3) == whole.indices(3)));
+  for (int64_t epoch : {0, 1}) {
+    std::vector<int64_t> seen;
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      const std::vector<int64_t> mine =
+          data::DistributedSampler(10, 2, rank, true, 42).indices(epoch);
+      BOOST_TEST(mine.size() == 5u);
+      for (size_t i = 0; i < mine.size(); ++i)
+        BOOST_TEST(mine[i] == whole.indices(epoch)[2 * i + static_cast<size_t>(rank)]);
+      seen.insert(seen.end(), mine.begin(), mine.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    BOOST_TEST((seen == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  }
+  BOOST_TEST((data::DistributedSampler(10, 2, 0, true, 42).indices(0) !=
+              data::DistributedSampler(10, 2, 0, true, 42).indices(1)));
+
+  // It plugs into the DataLoader: each rank batches its own share.
+  const auto sampler = std::make_shared<data::DistributedSampler>(9, 2, 1, true, 7);
+  const DataLoader loader(ragged_dataset(9), {.batch_tokens = 1000, .shuffle = false}, sampler);
+  std::vector<int64_t> served;
+  for (const auto& batch : loader.plan(0)) served.insert(served.end(), batch.begin(), batch.end());
+  std::sort(served.begin(), served.end());
+  std::vector<int64_t> expected = sampler->indices(0);
+  std::sort(expected.begin(), expected.end());
+  BOOST_TEST(served == expected);
+
+  expect_error([] { data::DistributedSampler(10, 0, 0); }, {"DistributedSampler", "num_replicas"});
+  expect_error([] { data::DistributedSampler(10, 2, 2); },
+               {"DistributedSampler", "rank 2 out of range for 2"});
+  expect_error([] { data::DistributedSampler(0, 2, 0); }, {"DistributedSampler", "empty"});
 }
 
 BOOST_AUTO_TEST_CASE(collate_pads_and_masks_as_batch) {
