@@ -6,8 +6,9 @@
 //               [--list] [--smoke]
 //
 // Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention, and
-// elementwise math functions, also forward alone), the per-op overhead of `x + 1` on one element, a sgemm reference rate, one epoch of D2L's parametric Nadaraya-Watson
-// regression, and (bench/transformer_steps.cpp) Annotated Transformer training steps.
+// elementwise math functions, also forward alone), the per-op overhead of `x + 1` on one element, a
+// sgemm reference rate, one epoch of D2L's parametric Nadaraya-Watson regression, and
+// (bench/transformer_steps.cpp) Annotated Transformer training steps.
 #include <sys/resource.h>
 
 #include <algorithm>
