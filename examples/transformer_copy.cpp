@@ -327,7 +327,8 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
         for (const Tensor& p : model->parameters()) n += p.numel();
         return n;
       }(),
-      dp.size() > 1 ? fmt::format(" | {} processes x {} threads", dp.size(), get_num_threads())
+      dp.size() > 1 ? fmt::format(" | {} processes, {} thread{} each", dp.size(), get_num_threads(),
+                                  get_num_threads() > 1 ? "s" : "")
                     : "");
   TrainState state;
   Progress progress;
