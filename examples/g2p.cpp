@@ -636,15 +636,7 @@ int main(int argc, char** argv) {
       ->needs("--load");
   return program::run("g2p", app, argc, argv, [&] {
     if (!resume.empty()) {
-      for (const CLI::Option* o : run_options)
-        if (o->count() > 0)
-          throw program::UsageError(fmt::format(
-              "{} cannot be given with --resume: the run's configuration is in {}/run.json",
-              o->get_name(), resume));
-      const std::string path = resume + "/run.json";
-      std::ifstream in(path);
-      EMBER_CHECK(in.good(), "--resume: cannot read {}", path);
-      c = config_from_json(Json::parse(in), c, epochs->count() > 0);
+      c = config_from_json(program::resume_config(resume, run_options), c, epochs->count() > 0);
       out = resume;
     }
     if (c.d_model % c.heads != 0)

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "ember.h"
 
@@ -133,6 +134,23 @@ inline void add_threads_option(CLI::App& app, int& threads) {
          "--threads", threads,
          fmt::format("threads for OpenMP and OpenBLAS (0: all cores; at most {})", max_threads()))
       ->check(finite_in(0, max_threads()));
+}
+
+// --- resuming a run
+
+// --resume DIR: the configuration the run was started with, DIR/run.json. The options that set
+// what a run computes (`run_options`) cannot be given again: that is a usage error.
+inline nlohmann::ordered_json resume_config(const std::string& dir,
+                                            const std::vector<CLI::Option*>& run_options) {
+  for (const CLI::Option* o : run_options)
+    if (o->count() > 0)
+      throw UsageError(
+          fmt::format("{} cannot be given with --resume: the run's configuration is in {}/run.json",
+                      o->get_name(), dir));
+  const std::string path = dir + "/run.json";
+  std::ifstream in(path);
+  EMBER_CHECK(in.good(), "--resume: cannot read {}", path);
+  return nlohmann::ordered_json::parse(in);
 }
 
 // --- output
