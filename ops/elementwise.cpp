@@ -408,7 +408,10 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
   }
   return unary_math(
       x, "gelu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
-      [](auto g, auto v) EMBER_VEC_LAMBDA { return g * (vnormal_cdf(v) + v * vnormal_pdf(v)); });
+      [](auto g, auto v) EMBER_VEC_LAMBDA {
+        const auto [cdf, pdf] = vnormal_cdf_pdf(v);
+        return g * vec_detail::fmadd(v, pdf, cdf);
+      });
 }
 
 // y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))

@@ -222,13 +222,20 @@ EMBER_VEC_INLINE T vsigmoid(T x) {
   return x >= T(0) ? r : e * r;  // NaN takes the second branch and stays NaN
 }
 
-// Φ(x), the standard normal CDF, (1 + erf(x/√2)) / 2. -0.5 < z < 1: erf z = z P(z²) (1/2 + erf/2
-// loses at most a bit); else erfc|z| = exp(-z²) Q(1/(1 + p|z|)) and Φ = 1 - erfc/2 or erfc/2, with
-// no cancellation in the lower tail.
+// Φ(x), the standard normal CDF, and φ(x), its density, from one exp(-x²/2): gelu's backward
+// needs both.
+template <class T>
+struct NormalCdfPdf {
+  T cdf, pdf;
+};
+
+// Φ(x) = (1 + erf(x/√2)) / 2. -0.5 < z < 1: erf z = z P(z²) (1/2 + erf/2 loses at most a bit);
+// else erfc|z| = exp(-z²) Q(1/(1 + p|z|)) and Φ = 1 - erfc/2 or erfc/2, with no cancellation in
+// the lower tail. φ(x) = exp(-z²) / √(2π), the same exp.
 // z² is x²/2 (exact but for x²'s rounding, which an FMA gives back: exp(-(z² + e)) ≈ exp(-z²)
 // (1 - e)); rounding z = x/√2 before squaring would cost ~z² ulp in the tail.
 template <class T>
-EMBER_VEC_INLINE T vnormal_cdf(T x) {
+EMBER_VEC_INLINE NormalCdfPdf<T> vnormal_cdf_pdf(T x) {
   using C = vec_detail::Coefficients<T>;
   using vec_detail::fmadd;
   const T z = x * static_cast<T>(M_SQRT1_2);
@@ -239,16 +246,17 @@ EMBER_VEC_INLINE T vnormal_cdf(T x) {
 #ifdef __FMA__
   e = e * (T(1) - T(0.5) * std::fma(x, x, -x2));
 #endif
-  e = a < C::erfc_zero ? e : T(0);  // (also where a = inf: inf - inf made e NaN)
+  // Beyond erfc_zero exp(-z²) is below the smallest denormal (and where a = inf, inf - inf made
+  // e NaN).
+  e = a < C::erfc_zero ? e : T(0);
   const T half_erfc = T(0.5) * e * vec_detail::horner(t, C::erfc);
   const T large = z > T(0) ? T(1) - half_erfc : half_erfc;
-  return z > T(-0.5) && z < T(1) ? small : large;
+  return {z > T(-0.5) && z < T(1) ? small : large, e * static_cast<T>(0.3989422804014327)};
 }
 
-// φ(x), the standard normal density.
 template <class T>
-EMBER_VEC_INLINE T vnormal_pdf(T x) {
-  return vexp(T(-0.5) * x * x) * static_cast<T>(0.3989422804014327);
+EMBER_VEC_INLINE T vnormal_cdf(T x) {
+  return vnormal_cdf_pdf(x).cdf;
 }
 
 }  // namespace ember
