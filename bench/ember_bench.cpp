@@ -120,6 +120,15 @@ void add_op_workloads() {
     Tensor x = rand({1});
     return std::function<void()>([x] { (void)(x + 1); });
   });
+  // What an inference_mode guard could save over NoGradGuard: the op on a requires_grad input
+  // under NoGradGuard against the same op on a plain tensor (the row above).
+  add("overhead/x+1 requires_grad under no_grad", 0, [](bool) {
+    Tensor x = rand({1}).requires_grad_();
+    return std::function<void()>([x] {
+      NoGradGuard no_grad;
+      (void)(x + 1);
+    });
+  });
   add("overhead/x+1 requires_grad fwd+bwd", 0, [](bool) {
     Tensor x = rand({1}).requires_grad_();
     return std::function<void()>([x] {
@@ -135,6 +144,36 @@ void add_op_workloads() {
     add(fmt::format("sgemm/{}x{}x{}", m, k, n), 2.0 * m * k * n, [m, k, n](bool tiny) {
       const int64_t s = tiny ? 16 : 1;
       Tensor a = rand({m / s, k / s}), b = rand({k / s, n / s}), c = empty({m / s, n / s});
+      return std::function<void()>([a, b, c] { gemm(a, b, c); });
+    });
+  }
+}
+
+// --- Where a second thread starts to pay (issue 17): the sizes at which parallel_for and the
+// products split their work, measured at 1 and 2 threads (no PyTorch twin).
+
+void add_grain_workloads() {
+  for (const int64_t n : {8192, 16384, 32768, 65536, 131072, 262144, 524288}) {
+    add(fmt::format("grain/x*y n={}", n), 0, [n](bool tiny) {
+      Tensor x = rand({tiny ? 8 : n}), y = rand({tiny ? 8 : n});
+      return std::function<void()>([x, y] { (void)(x * y); });
+    });
+    add(fmt::format("grain/exp n={}", n), 0, [n](bool tiny) {
+      Tensor x = rand({tiny ? 8 : n});
+      return std::function<void()>([x] { (void)exp(x); });
+    });
+  }
+  // The products of small transformers: rows x d_model by d_model x d_model (or d_ff).
+  for (const auto [m, k, n] :
+       {std::array<int64_t, 3>{80, 64, 64}, std::array<int64_t, 3>{200, 64, 64},
+        std::array<int64_t, 3>{800, 64, 64}, std::array<int64_t, 3>{800, 64, 256},
+        std::array<int64_t, 3>{800, 256, 64}, std::array<int64_t, 3>{800, 128, 128},
+        std::array<int64_t, 3>{768, 128, 512}, std::array<int64_t, 3>{2048, 256, 256},
+        std::array<int64_t, 3>{2048, 256, 1024}}) {
+    add(fmt::format("grain/sgemm {}x{}x{}", m, k, n), 2.0 * m * k * n, [m, k, n](bool tiny) {
+      const int64_t s = tiny ? 16 : 1;
+      Tensor a = rand({m / s + 1, k / s + 1}), b = rand({k / s + 1, n / s + 1}),
+             c = empty({m / s + 1, n / s + 1});
       return std::function<void()>([a, b, c] { gemm(a, b, c); });
     });
   }
@@ -259,6 +298,7 @@ int main(int argc, char** argv) {
   ember::set_num_threads(o.threads);
   add_op_workloads();
   add_nw_workloads();
+  add_grain_workloads();
 
   nlohmann::json results = nlohmann::json::array();
   for (const Workload& w : registry()) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/profile.h"
+
 namespace ember::bench {
 
 // One benchmark: make(tiny) sets up its tensors and returns the step to time. `tiny` shrinks the
@@ -26,6 +28,7 @@ struct Workload {
 std::vector<Workload>& registry();
 void add_op_workloads();
 void add_nw_workloads();
+void add_grain_workloads();
 
 struct Timing {
   double median_s = 0, min_s = 0;  // wall time per step
@@ -67,7 +70,10 @@ inline Timing time_steps(const std::function<void()>& step, double target) {
   const double cpu0 = process_cpu_seconds();
   for (int64_t s = 0; s < t.samples; ++s) {
     const auto t0 = clock::now();
-    for (int64_t i = 0; i < t.inner; ++i) step();
+    for (int64_t i = 0; i < t.inner; ++i) {
+      step();
+      profile::step();  // EMBER_PROFILE=1: the per-step shares of the timed steps
+    }
     per_step.push_back(seconds_since(t0) / static_cast<double>(t.inner));
   }
   t.cpu_s = (process_cpu_seconds() - cpu0) / static_cast<double>(t.samples * t.inner);

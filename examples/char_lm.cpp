@@ -445,6 +445,7 @@ class Trainer {
         optimizer_.zero_grad();
       }
       scheduler_.step();
+      profile::step();  // EMBER_PROFILE's per-step shares
       const double seconds = seconds_since(start);
       p.train_seconds += seconds;
       window_seconds += seconds;

@@ -410,6 +410,7 @@ class Trainer {
           p.epoch_tokens += batch.ntokens;
         }
         optimizer_.zero_grad();
+        profile::step();  // EMBER_PROFILE's per-step shares
       }
       p.epoch_seconds += seconds_since(step_start);
       ++p.step;

@@ -120,6 +120,7 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
       optimizer->step();
       optimizer->zero_grad();
       scheduler->step();
+      profile::step();  // EMBER_PROFILE's per-step shares
       state.train_seconds += seconds_since(step_start);
       state.step += 1;
       state.accum_step += 1;

@@ -4,6 +4,8 @@
 #include "graph/profile.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 namespace ember::profile {
 
@@ -66,12 +69,78 @@ class Records {
   std::unordered_map<std::string, Stat, StringHash, std::equal_to<>> stats_;
 };
 
+class Steps;
+Steps& steps();
+
 Records& records() {
+  steps();  // constructed first, so still there when ~Records prints the report at exit
   static Records r;
   return r;
 }
 
 thread_local Scope* t_open = nullptr;  // the innermost open scope on this thread
+
+using Clock = std::chrono::steady_clock;
+int64_t ns_since(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
+
+// Note [Step shares]: the time of each kind counted so far, and the steps marked.
+std::array<std::atomic<int64_t>, 3> g_kind_ns{};
+thread_local int t_timer_depth = 0;       // KernelTimers open on this thread
+thread_local Kind t_kind = Kind::Kernel;  // the kind of a region opened here
+thread_local int64_t t_wait_ns = 0;       // waiting recorded on this thread
+
+void add(Kind kind, int64_t ns) {
+  g_kind_ns[static_cast<size_t>(kind)].fetch_add(ns, std::memory_order_relaxed);
+}
+
+class Steps {
+ public:
+  void mark(bool end_of_step) {
+    std::lock_guard lock(mutex_);
+    const Clock::time_point now = Clock::now();
+    std::array<int64_t, 3> kinds;
+    for (size_t k = 0; k < 3; ++k) kinds[k] = g_kind_ns[k].load(std::memory_order_relaxed);
+    if (end_of_step && marked_) {
+      std::array<double, 4>& into = count_ == 0 ? first_ : sum_;
+      into[0] += std::chrono::duration<double, std::milli>(now - mark_).count();
+      for (size_t k = 0; k < 3; ++k) into[k + 1] += (kinds[k] - kinds_at_mark_[k]) * 1e-6;
+      ++count_;
+    }
+    marked_ = true;
+    mark_ = now;
+    kinds_at_mark_ = kinds;
+  }
+  void clear() {
+    {
+      std::lock_guard lock(mutex_);
+      count_ = 0;
+      first_ = sum_ = {};
+    }
+    mark(false);
+  }
+  StepSummary summary() {
+    std::lock_guard lock(mutex_);
+    if (count_ == 0) return {};
+    const int64_t n = count_ == 1 ? 1 : count_ - 1;
+    const std::array<double, 4>& s = count_ == 1 ? first_ : sum_;
+    return {n, s[0] / n, s[1] / n, s[2] / n, s[3] / n};
+  }
+
+ private:
+  std::mutex mutex_;
+  bool marked_ = false;
+  Clock::time_point mark_;
+  std::array<int64_t, 3> kinds_at_mark_{};
+  int64_t count_ = 0;
+  std::array<double, 4> first_{}, sum_{};  // step, gemm, kernel, wait (ms)
+};
+
+Steps& steps() {
+  static Steps s;
+  return s;
+}
 
 const bool g_from_env = [] {
   const char* env = std::getenv("EMBER_PROFILE");
@@ -82,11 +151,55 @@ const bool g_from_env = [] {
 }  // namespace
 
 void enable(bool on) {
-  if (on) records();  // constructed before the first record, so destroyed after the last
+  if (on) {
+    records();  // constructed before the first record, so destroyed after the last
+    steps().mark(false);
+  }
   detail::g_enabled.store(on, std::memory_order_relaxed);
 }
 
-void reset() { records().clear(); }
+void reset() {
+  records().clear();
+  steps().clear();
+}
+
+void step() {
+  if (is_enabled()) steps().mark(true);
+}
+
+StepSummary step_summary() { return steps().summary(); }
+
+Kind current_kind() { return t_kind; }
+
+void KernelTimer::start(Kind kind) {
+  active_ = true;
+  kind_ = kind;
+  outer_kind_ = t_kind;
+  t_kind = kind;
+  counting_ = t_timer_depth++ == 0 && !omp_in_parallel();
+  if (counting_) {
+    wait_at_start_ = t_wait_ns;
+    start_ = Clock::now();
+  }
+}
+
+void KernelTimer::stop() {
+  if (counting_) add(kind_, ns_since(start_) - (t_wait_ns - wait_at_start_));
+  --t_timer_depth;
+  t_kind = outer_kind_;
+}
+
+void RegionTimer::start() {
+  if (omp_in_parallel()) return;
+  active_ = true;
+  start_ = Clock::now();
+}
+
+void RegionTimer::stop() {
+  const int64_t wait = std::max<int64_t>(0, ns_since(start_) - own_ns_);
+  t_wait_ns += wait;
+  add(Kind::Wait, wait);
+}
 
 std::vector<Entry> entries() { return records().entries(); }
 
@@ -106,6 +219,15 @@ std::string report() {
                        e.calls, e.total_ms, e.self_ms, 1e3 * e.total_ms / e.calls,
                        self_sum > 0 ? 100 * e.self_ms / self_sum : 0.0);
   out += fmt::format("{:<{}}  {:>9}  {:>11}  {:>11.3f}\n", "(profiled)", width, "", "", self_sum);
+  const StepSummary st = step_summary();
+  if (st.steps > 0 && st.step_ms > 0) {
+    const auto share = [&](double ms) { return 100 * ms / st.step_ms; };
+    out += fmt::format(
+        "per step (mean of {} steps{}): {:.3f} ms = products {:.1f}% + other kernels {:.1f}% + "
+        "waiting for threads {:.1f}% + framework and the rest {:.1f}%\n",
+        st.steps, st.steps > 1 ? " after the first" : "", st.step_ms, share(st.gemm_ms),
+        share(st.kernel_ms), share(st.wait_ms), share(st.overhead_ms()));
+  }
   return out;
 }
 

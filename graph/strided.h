@@ -9,32 +9,50 @@
 
 #include <omp.h>
 
+#include "graph/parallel.h"
+#include "graph/profile.h"
 #include "graph/tensor.h"
 
 namespace ember {
 
-// Elementwise loops below this many elements run on one thread (per-op overhead dominates).
-inline constexpr int64_t kParallelGrain = 32768;
+// Runs body(t, threads) once on each of `threads` OpenMP threads (inline when threads is 1), and
+// times it for the profiler (Note [Step shares]): the calling thread's own share as the current
+// kind of work, the rest of the region's wall time as waiting for threads.
+template <class F>
+void parallel_region(int threads, F&& body) {
+  profile::KernelTimer timer(profile::current_kind());
+  if (threads <= 1) {
+    body(int64_t{0}, int64_t{1});
+    return;
+  }
+  profile::RegionTimer region;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+    if (t == 0) region.own_start();
+    body(t, count);
+    if (t == 0) region.own_stop();
+  }
+}
 
 // Runs body(begin, end) over [0, n): split evenly across the OpenMP threads when n reaches
 // `grain`, else inline on this thread. A plain `if` rather than OpenMP's if-clause, which still
 // enters the runtime (microseconds) when false, and small tensors are the common case.
 template <class F>
-void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
-  if (n < grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+void parallel_for(int64_t n, F&& body, int64_t grain = parallel_grain()) {
+  const int threads = n < grain || omp_in_parallel() ? 1 : get_num_threads();
+  if (threads == 1) {
+    profile::KernelTimer timer(profile::current_kind());
     body(int64_t{0}, n);
     return;
   }
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    body(n * t / threads, n * (t + 1) / threads);
-  }
+  parallel_region(threads,
+                  [&](int64_t t, int64_t count) { body(n * t / count, n * (t + 1) / count); });
 }
 
 // The row count from which a loop over rows of `row_length` elements is worth splitting.
 inline int64_t row_grain(int64_t row_length) {  // row_length 0 counts as 1
-  return std::max<int64_t>(2, kParallelGrain / std::max<int64_t>(row_length, 1));
+  return std::max<int64_t>(2, parallel_grain() / std::max<int64_t>(row_length, 1));
 }
 
 // Strides of `t` viewed with shape `shape` (a broadcast of t's shape): 0 along broadcast dims.
@@ -82,13 +100,13 @@ class StridedLoop {
   }
 
   // Calls row(offsets, n, inner_strides) for every innermost row; rows run in parallel when
-  // the whole loop has at least kParallelGrain elements.
+  // the whole loop has at least parallel_grain() elements.
   template <class F>
   void run(F&& row) const {
     if (empty_) return;  // no element: nothing to call, and no row length to divide by
     const int64_t rows = num_rows(), n = row_length();
     const Offsets inner = inner_strides();
-    const int64_t grain = rows == 1 ? rows + 1 : std::max<int64_t>(1, kParallelGrain / n);
+    const int64_t grain = rows == 1 ? rows + 1 : std::max<int64_t>(1, parallel_grain() / n);
     parallel_for(
         rows, [&](int64_t begin, int64_t end) { run_rows(begin, end, n, inner, row); }, grain);
   }

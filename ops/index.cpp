@@ -141,7 +141,7 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   src_shape.insert(src_shape.begin() + d + 1, 1);
   src_strides.insert(src_strides.begin() + d + 1, 0);
   Tensor out = empty(out_shape, x.dtype());
-  if (x.is_contiguous() && out.numel() < kParallelGrain) {
+  if (x.is_contiguous() && out.numel() < parallel_grain()) {
     repeat_blocks(x, d, repeats, out);
   } else if (out.numel() > 0) {
     copy_into(make_view(out, split, contiguous_strides(split), 0),
@@ -266,13 +266,12 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
     const auto copy_row = [&](int64_t r) {
       std::copy_n(px + (r / k_count * n + idx[r % k_count]) * post, post, po + r * post);
     };
-    // A branch, not an OpenMP `if` clause: that still enters the runtime, a few µs per call.
-    if (out.numel() >= kParallelGrain && rows > 1) {
-#pragma omp parallel for
-      for (int64_t r = 0; r < rows; ++r) copy_row(r);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) copy_row(r);
-    }
+    parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) copy_row(r);
+        },
+        row_grain(post));
     return;
   }
   const int64_t sx = x.stride(dim), so = out.stride(dim);

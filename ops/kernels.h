@@ -1,5 +1,5 @@
 // Elementwise kernel templates shared by the op families: a contiguous fast path (a plain loop
-// the compiler vectorises, OpenMP above kParallelGrain) and a general strided path that
+// the compiler vectorises, OpenMP above parallel_grain()) and a general strided path that
 // broadcasts by strides. They allocate the output; callers pick the element types.
 #pragma once
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <cblas.h>
+#include <omp.h>
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
@@ -74,10 +75,11 @@ Operand blas_operand(const Tensor& x) {
 }
 
 // C (m, n) row-major with leading dim ldc = alpha · op(A) · op(B) + beta · C, op(A) (m, k), all
-// of m, n, k >= 1 (empty products take the plain loop below, as BLAS rejects their ld of 0).
+// of m, n, k >= 1 (empty products take the plain loop below, as BLAS rejects their ld of 0), on
+// this thread.
 template <class T>
-void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la, const T* b,
-               BlasLayout lb, T beta, T* c, int64_t ldc) {
+void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la,
+                      const T* b, BlasLayout lb, T beta, T* c, int64_t ldc) {
   const auto i = [](int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
@@ -86,6 +88,41 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
     cblas_dgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
                 i(lb.ld), beta, c, i(ldc));
   }
+}
+
+// Note [Threads in products]
+// OpenBLAS runs every call on one thread (graph/parallel.cpp pins it); a product is split across
+// Ember's threads here instead, so that one rule, from the product's size, decides whether a
+// second thread is worth waking, and a batch of products can run in parallel over the batch. From
+// blas_parallel_work() multiply-adds (m·n·k, Note [Parallel thresholds]) on, C is cut into one
+// block of rows per thread (of columns when it has more columns than rows: each thread then packs
+// all of A and its share of B, the smaller duplicate), with block edges on multiples of 16, the
+// kernels' tile; below, the call runs on the calling thread.
+
+template <class T>
+void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la, const T* b,
+               BlasLayout lb, T beta, T* c, int64_t ldc) {
+  profile::KernelTimer timer(profile::Kind::Gemm);
+  const int threads = omp_in_parallel() ? 1 : get_num_threads();
+  if (threads == 1 || m * n * k < blas_parallel_work()) {
+    blas_gemm_serial(m, n, k, alpha, a, la, b, lb, beta, c, ldc);
+    return;
+  }
+  const bool by_rows = m >= n;
+  const int64_t length = by_rows ? m : n;
+  parallel_region(threads, [&](int64_t t, int64_t count) {
+    const auto edge = [&](int64_t i) {
+      return i == count ? length : std::min(length, (length * i / count + 8) / 16 * 16);
+    };
+    const int64_t begin = edge(t), end = edge(t + 1);
+    if (begin < end && by_rows) {
+      const T* rows = a + begin * (la.trans == CblasNoTrans ? la.ld : 1);
+      blas_gemm_serial(end - begin, n, k, alpha, rows, la, b, lb, beta, c + begin * ldc, ldc);
+    } else if (begin < end) {
+      const T* cols = b + begin * (lb.trans == CblasNoTrans ? 1 : lb.ld);
+      blas_gemm_serial(m, end - begin, k, alpha, a, la, cols, lb, beta, c + begin, ldc);
+    }
+  });
 }
 
 // Up to this much work per matrix (m·n·k), a plain loop beats a BLAS call's fixed cost (as in
@@ -159,6 +196,7 @@ bool use_small_gemm(int64_t m, int64_t n, int64_t k) {
 // A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ.
 template <class T>
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
+  profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   if (use_small_gemm(m, n, k)) {
     small_gemm<T>(m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta, strided<T>(c));
@@ -196,16 +234,11 @@ std::vector<int64_t> batch_offsets(const Tensor& x, const Shape& batch) {
   return offsets;
 }
 
-// Up to this much work per matrix (m·n·k), OpenBLAS runs a gemm on one thread anyway (its SMP
-// threshold, 65536 · GEMM_MULTITHREAD_THRESHOLD 4), so a batch of such products runs in
-// parallel over the batch; larger ones run one after another and BLAS threads each. Never
-// both: OpenBLAS's OpenMP build runs single-threaded inside a parallel region.
-constexpr int64_t kBlasSerialWork = 65536 * 4;
-
 // out (batch..., m, n), contiguous = a (..., m, k) · b (..., k, n), whose batch dims broadcast
 // to `batch`. Small matrices run the plain loop on their strides (no copies), the others BLAS.
 template <class T>
 void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
+  profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
   const bool small = use_small_gemm(m, n, k);  // the loop reads any strides, BLAS needs copies
@@ -215,7 +248,9 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const StridedMatrix<const T> sa = strided<const T>(oa.t), sb = strided<const T>(ob.t);
   T* pc = out.data<T>();
   const int64_t count = static_cast<int64_t>(off_a.size());
-  const bool parallel = count > 1 && work <= kBlasSerialWork && count * work >= kParallelGrain;
+  // Over the batch when there are several products (each then runs on its thread, Note
+  // [Threads in products]), else the one product splits itself.
+  const bool parallel = count > 1 && count * work >= parallel_grain();
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (small) {

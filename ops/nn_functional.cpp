@@ -37,7 +37,7 @@ struct Rows {
   int64_t start(int64_t r) const {
     return starts.empty() ? (r / inner) * n * inner + r % inner : starts[r];
   }
-  bool parallel() const { return count > 1 && count * n >= kParallelGrain; }
+  bool parallel() const { return count > 1 && count * n >= parallel_grain(); }
 };
 
 Rows rows_along(const Tensor& t, int64_t dim) {
@@ -335,9 +335,9 @@ std::pair<double, double> sum_and_dot(const T* a, const T* b, int64_t n) {
 template <class T>
 void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
-  const bool parallel = M > 1 && M * N >= kParallelGrain;
+  const bool parallel = M > 1 && M * N >= parallel_grain();
   const bool param_grads = dweight || dbias;
-  const int max_threads = parallel ? omp_get_max_threads() : 1;
+  const int max_threads = parallel ? get_num_threads() : 1;
   std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
   std::vector<T> unit_weight;
   if (!weight) unit_weight.assign(N, T(1));
@@ -388,12 +388,7 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
     }
     if (pw && rows_in_block > 0) flush();
   };
-  if (parallel) {
-#pragma omp parallel num_threads(max_threads)
-    run(omp_get_thread_num(), omp_get_num_threads());
-  } else {
-    run(0, 1);
-  }
+  parallel_region(max_threads, run);
   if (!param_grads) return;
   for (int64_t j = 0; j < N; ++j) {
     double sw = 0, sb = 0;

@@ -82,7 +82,7 @@ void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int6
   for (size_t d = lead; d < reduce.size(); ++d) trailing = trailing && reduce[d];
   if (trailing) {
     const int64_t m = out_numel == 0 ? 0 : x.numel() / out_numel;
-    const int64_t grain = std::max<int64_t>(2, kParallelGrain / std::max<int64_t>(m, 1));
+    const int64_t grain = std::max<int64_t>(2, parallel_grain() / std::max<int64_t>(m, 1));
     parallel_for(
         out_numel,
         [&](int64_t begin, int64_t end) {

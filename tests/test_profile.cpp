@@ -123,4 +123,35 @@ BOOST_AUTO_TEST_CASE(reset_forgets_and_enable_resumes) {
   BOOST_TEST(e[0].name == "second");
 }
 
+// Note [Step shares]: products, other kernels, waiting and the rest split each step; the time
+// spent outside any kernel (here a 2 ms spin) lands in the rest, whatever the machine's load.
+BOOST_AUTO_TEST_CASE(step_shares_split_each_step) {
+  const Tensor a = randn({128, 128}), x = randn({1 << 17});
+  Profiling on;
+  for (int i = 0; i < 4; ++i) {
+    (void)matmul(a, a);
+    (void)exp(x);
+    spin_for(std::chrono::microseconds(2000));
+    profile::step();
+  }
+  const profile::StepSummary s = profile::step_summary();
+  BOOST_TEST(s.steps == 3);  // the first is left out
+  BOOST_TEST(s.gemm_ms > 0.0);
+  BOOST_TEST(s.kernel_ms > 0.0);
+  BOOST_TEST(s.wait_ms >= 0.0);
+  BOOST_TEST(s.gemm_ms + s.kernel_ms + s.wait_ms <= s.step_ms);
+  BOOST_TEST(s.overhead_ms() >= 2.0);
+  BOOST_TEST(profile::report().find("per step (mean of 3 steps after the first)") !=
+             std::string::npos);
+  profile::reset();
+  BOOST_TEST(profile::step_summary().steps == 0);
+}
+
+BOOST_AUTO_TEST_CASE(step_shares_count_nothing_when_disabled) {
+  profile::reset();
+  (void)matmul(randn({64, 64}), randn({64, 64}));
+  profile::step();
+  BOOST_TEST(profile::step_summary().steps == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
