@@ -18,9 +18,11 @@ BUILD=${1:-build}
 shift || true
 SELECT=("$@")
 OUT=${BENCH_OUT:-$BUILD/bench-results}
-PY=/usr/bin/python3
+# BENCH_PYTHON: another interpreter with torch (a venv with a current torch from PyPI, say);
+# without it, Debian's.
+PY=${BENCH_PYTHON:-/usr/bin/python3}
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if [ -z "${BENCH_PYTHON:-}" ] && ! "$PY" -c "import torch" 2>/dev/null; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=sudo
   echo "installing python3-torch (the reference side; never linked)"

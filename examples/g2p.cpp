@@ -45,7 +45,7 @@ namespace {
 struct Config {
   int64_t layers = 3, d_model = 256, d_ff = 1024, heads = 4;
   double dropout = 0.1, smoothing = 0.1, lr_factor = 1.0, clip = 1.0, alpha = 0.6;
-  int64_t batch_tokens = 4096, epochs = 25, warmup = 1000, patience = 4, beam = 5;
+  int64_t batch_tokens = 4096, epochs = 32, warmup = 1000, patience = 4, beam = 5;
   int64_t limit = 0, eval_limit = 0;
   uint64_t seed = 0;
   std::string data = g2p::kDefaultDict;

@@ -120,6 +120,22 @@ def _(tiny):
     return lambda: x + 1
 
 
+def under(guard_name, guard):
+    """x + 1 on a requires_grad input under a grad-mode guard (Ember has NoGradGuard only)."""
+    @workload(f"overhead/x+1 requires_grad under {guard_name}")
+    def _(tiny):
+        x = torch.rand(1, requires_grad=True)
+
+        def step():
+            with guard():
+                return x + 1
+        return step
+
+
+for _guard_name, _guard in [("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)]:
+    under(_guard_name, _guard)
+
+
 @workload("overhead/x+1 requires_grad fwd+bwd")
 def _(tiny):
     x = torch.rand(1, requires_grad=True)
@@ -141,6 +157,35 @@ def sgemm(m, k, n):
 
 for _m, _k, _n in [(1024, 512, 2048), (800, 512, 2048), (1024, 512, 512)]:
     sgemm(_m, _k, _n)
+
+
+# Where a second thread starts to pay (ember_bench's grain/ rows).
+def grain(n):
+    @workload(f"grain/x*y n={n}")
+    def _(tiny):
+        x, y = torch.rand(8 if tiny else n), torch.rand(8 if tiny else n)
+        return lambda: x * y
+
+    @workload(f"grain/exp n={n}")
+    def _(tiny):
+        x = torch.rand(8 if tiny else n)
+        return lambda: torch.exp(x)
+
+
+def grain_sgemm(m, k, n):
+    @workload(f"grain/sgemm {m}x{k}x{n}", 2.0 * m * k * n)
+    def _(tiny):
+        s = 16 if tiny else 1
+        a, b = torch.rand(m // s + 1, k // s + 1), torch.rand(k // s + 1, n // s + 1)
+        c = torch.empty(m // s + 1, n // s + 1)
+        return lambda: torch.mm(a, b, out=c)
+
+
+for _n in [8192, 16384, 32768, 65536, 131072, 262144, 524288]:
+    grain(_n)
+for _m, _k, _n in [(80, 64, 64), (200, 64, 64), (800, 64, 64), (800, 64, 256), (800, 256, 64),
+                   (800, 128, 128), (768, 128, 512), (2048, 256, 256), (2048, 256, 1024)]:
+    grain_sgemm(_m, _k, _n)
 
 
 # --- D2L 11.2 parametric attention pooling: one epoch of training

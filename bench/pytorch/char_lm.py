@@ -9,8 +9,9 @@ to min_lr, clipping at 1, random windows of the text, eval of --eval-iters batch
 every --eval-interval iterations), at nanoGPT's CPU config by default, on the same text and
 split as Ember's trainer: the fortune files of Debian's `fortunes` package without a dot in their
 name, in name order, concatenated; the first 90% train; the vocabulary the sorted distinct
-characters. Attention is written out (q k^T / sqrt(d), causal mask, softmax, @ v) because the
-Debian PyTorch (1.13) has no F.scaled_dot_product_attention; that is nanoGPT's own fallback path.
+characters. Attention is nanoGPT's: F.scaled_dot_product_attention(is_causal=True) where torch
+has it (2.0 and later), else written out (q k^T / sqrt(d), causal mask, softmax, @ v), nanoGPT's
+own fallback and the only path of Debian's PyTorch 1.13; --no-flash forces the fallback.
 Writes OUT/metrics.json with the keys of Ember's (plus `side`).
 
     OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N /usr/bin/python3 bench/pytorch/char_lm.py \
@@ -26,6 +27,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+FLASH = hasattr(F, "scaled_dot_product_attention")  # set from --no-flash in main()
 
 
 def read_text(data):
@@ -51,6 +54,8 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
         self.heads = heads
+        self.dropout = dropout
+        self.flash = FLASH
         self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
 
     def forward(self, x):
@@ -59,10 +64,15 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
         q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
         v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.flash:
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = self.attn_dropout(F.softmax(att, dim=-1))
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -158,7 +168,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--out", default="out/char_lm_pytorch")
+    ap.add_argument("--no-flash", action="store_true",
+                    help="attention written out even where F.scaled_dot_product_attention exists")
     a = ap.parse_args()
+    global FLASH
+    FLASH = FLASH and not a.no_flash
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     os.makedirs(a.out, exist_ok=True)

@@ -274,7 +274,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--smoothing", type=float, default=0.1)
     ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--epochs", type=int, default=25)
+    ap.add_argument("--epochs", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--lr-factor", type=float, default=1.0)
     ap.add_argument("--clip", type=float, default=1.0)
@@ -284,6 +284,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--eval-limit", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=200)
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after this many training steps, before any evaluation (timing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="out/g2p_pytorch")
@@ -340,6 +342,10 @@ def main():
             epoch_loss += loss.item() * ntokens
             epoch_tokens += ntokens
             epoch_seconds += time.perf_counter() - start
+            if epoch == 0 and step == a.max_steps:  # (within the first epoch: a timing run)
+                print(f"stopped after --max-steps {step}: {epoch_tokens / epoch_seconds:.0f} "
+                      f"tokens/s, {1e3 * epoch_seconds / step:.1f} ms/step", flush=True)
+                return
             if step % a.log_every == 0:
                 print(f"  epoch {epoch + 1} step {step:5d}/{len(batches)} | loss "
                       f"{epoch_loss / epoch_tokens:.4f} | {epoch_tokens / epoch_seconds:.0f} "
