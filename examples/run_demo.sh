@@ -10,7 +10,7 @@ for program in nw_regression mlp_regression transformer_copy; do
     ran=1
   fi
 done
-# G2P: a short, bounded run (20,000 train words, a small model, 10 epochs: about 3 minutes on 2
+# G2P: a short, bounded run (20,000 train words, a small model, 10 epochs: under a minute on 2
 # cores) that shows dev WER falling, then pronounces a few words with the saved model. The full
 # run (README, "Grapheme-to-phoneme") is `build/examples/g2p --out out/g2p`.
 if [ -x "$build/examples/g2p" ]; then
