@@ -8,6 +8,7 @@
 #   bench/run.sh [BUILD_DIR] [ember_bench selection args, e.g. --filter nw/]
 #   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
 #        BENCH_SKIP_BUILD=1 (use the ember_bench already built)
+#        BENCH_PYTHON=venv/bin/python (another torch)  BENCH_WAIT_POLICY=PASSIVE (OMP_WAIT_POLICY)
 #        BENCH_RUN=0|1: workload 4, the whole copy-task run (examples/transformer_copy at its
 #        defaults against bench/pytorch/copy_task.py, ~5-10 min per side and thread count);
 #        on by default when no selection args are given, off otherwise
@@ -45,7 +46,10 @@ mapfile -t UNITS < <("$BIN" --list "${SELECT[@]}" | awk '
   END { for (i = 1; i <= n; ++i) print units[order[i]] }')
 for threads in ${BENCH_THREADS:-1 2}; do
   ENV=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" EMBER_NUM_THREADS="$threads")
-  [ "$threads" -ge 2 ] && ENV+=(OMP_WAIT_POLICY=PASSIVE)
+  # OpenMP's wait policy: its default (threads spin a while between parallel regions) unless
+  # BENCH_WAIT_POLICY says otherwise. PASSIVE makes every region cost ~40 us on a 2-vCPU VM, for
+  # PyTorch as much as for Ember (BENCHMARKS.md, "Issue 17").
+  [ -n "${BENCH_WAIT_POLICY:-}" ] && ENV+=(OMP_WAIT_POLICY="$BENCH_WAIT_POLICY")
   echo "--- $threads thread(s)"
   i=0
   for unit in "${UNITS[@]}"; do
