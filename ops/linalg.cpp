@@ -148,6 +148,28 @@ StridedMatrix<T> strided(const Tensor& x) {
 template <class T>
 void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
                 StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  if (k == 1) {  // an outer product (bmm's backward of batched dot products): the inner loop
+                 // runs along C's longer side, with unit strides where they are
+    const bool along_rows = n >= m;
+    const int64_t outer = along_rows ? m : n, inner = along_rows ? n : m;
+    const T* u = along_rows ? a.p : b.p;
+    const T* v = along_rows ? b.p : a.p;
+    const int64_t us = along_rows ? a.rs : b.cs, vs = along_rows ? b.cs : a.rs;
+    const int64_t c_outer = along_rows ? c.rs : c.cs, c_inner = along_rows ? c.cs : c.rs;
+    for (int64_t o = 0; o < outer; ++o) {
+      const T s = alpha * u[o * us];
+      T* co = c.p + o * c_outer;
+      if (vs == 1 && c_inner == 1 && beta == T(0)) {
+        for (int64_t i = 0; i < inner; ++i) co[i] = s * v[i];
+      } else {
+        for (int64_t i = 0; i < inner; ++i) {
+          T& out = co[i * c_inner];
+          out = beta == T(0) ? s * v[i * vs] : s * v[i * vs] + beta * out;
+        }
+      }
+    }
+    return;
+  }
   if (c.cs == 1 && a.cs == 1 && b.rs == 1) {
     for (int64_t i = 0; i < m; ++i) {
       const T* ai = a.p + i * a.rs;

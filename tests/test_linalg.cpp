@@ -242,9 +242,16 @@ BOOST_AUTO_TEST_CASE(plain_loop_layouts_match_reference) {
     Tensor c = c0.clone();
     gemm(a, b, c, 1.5, -0.5);
     expect_close(c, reference_matmul(a, b) * 1.5 - c0 * 0.5, 1e-11, 1e-11, what);
+    expect_close(matmul(a, b), reference_matmul(a, b), 1e-11, 1e-11, what + ", beta 0");
+    Tensor column_major = zeros({b.size(1), a.size(0)}, kFloat64).transpose(0, 1);
+    gemm(a, b, column_major);
+    expect_close(column_major, reference_matmul(a, b), 1e-11, 1e-11, what + ", column-major");
   };
-  for (const auto& [m, k, n] : {std::tuple{3, 7, 5}, std::tuple{1, 999, 1}, std::tuple{1, 300, 200},
-                                std::tuple{200, 300, 1}, std::tuple{1, 400, 200}}) {
+  // k = 1 is an outer product (bmm's backward of batched dots), looped along C's longer side.
+  for (const auto& [m, k, n] :
+       {std::tuple{3, 7, 5}, std::tuple{1, 999, 1}, std::tuple{1, 300, 200},
+        std::tuple{200, 300, 1}, std::tuple{1, 400, 200}, std::tuple{4, 1, 6}, std::tuple{6, 1, 4},
+        std::tuple{1, 1, 999}, std::tuple{999, 1, 1}}) {
     const std::string size = fmt::format("({}, {}) x ({}, {})", m, k, k, n);
     const Tensor a = randn({m, k}, kFloat64), at = randn({k, m}, kFloat64).transpose(0, 1);
     const Tensor b = randn({k, n}, kFloat64), bt = randn({n, k}, kFloat64).transpose(0, 1);
@@ -252,9 +259,15 @@ BOOST_AUTO_TEST_CASE(plain_loop_layouts_match_reference) {
     check(at, b, "row form " + size);
     check(at, bt, "general " + size);
   }
-  // Batched dot products, as attention pooling: (n, 1, k) x (n, k, 1).
-  const Tensor w = randn({50, 1, 49}, kFloat64), v = randn({50, 49, 1}, kFloat64);
+  // Batched dot products, as attention pooling: (n, 1, k) x (n, k, 1), and their gradients
+  // (outer products).
+  const Tensor w = randn({50, 1, 49}, kFloat64).requires_grad_(),
+               v = randn({50, 49, 1}, kFloat64).requires_grad_();
   expect_close(bmm(w, v), reference_matmul(w, v), 1e-12, 1e-12, "batched dots");
+  const Tensor g = randn({50, 1, 1}, kFloat64);
+  bmm(w, v).backward(g);
+  expect_close(w.grad(), reference_matmul(g, v.detach().transpose(1, 2)), 1e-12, 1e-12, "dW");
+  expect_close(v.grad(), reference_matmul(w.detach().transpose(1, 2), g), 1e-12, 1e-12, "dV");
 }
 
 BOOST_AUTO_TEST_CASE(mixed_float_dtypes_are_refused) {
