@@ -60,51 +60,37 @@ struct Config {
   std::string prompt = "\n";
 };
 
-// What a run computes with: metrics.json's "config" and DIR/run.json, which --resume reads.
-Json config_json(const Config& c) {
-  return {{"data", c.data},
-          {"layers", c.layers},
-          {"heads", c.heads},
-          {"d_model", c.d_model},
-          {"block", c.block},
-          {"dropout", c.dropout},
-          {"batch", c.batch},
-          {"iters", c.iters},
-          {"warmup", c.warmup},
-          {"lr_decay_iters", c.lr_decay_iters},
-          {"lr", c.lr},
-          {"min_lr", c.min_lr},
-          {"weight_decay", c.weight_decay},
-          {"beta2", c.beta2},
-          {"clip", c.clip},
-          {"eval_interval", c.eval_interval},
-          {"eval_iters", c.eval_iters},
-          {"seed", c.seed}};
+// What a run computes with: metrics.json's "config" and DIR/run.json, which --resume reads
+// (program::config_to_json / config_from_json; --iters may change on --resume, so a run can be
+// extended; threads, logging and --max-steps are the process's own).
+template <class F>
+void config_fields(Config& c, F&& f) {
+  f("data", c.data);
+  f("layers", c.layers);
+  f("heads", c.heads);
+  f("d_model", c.d_model);
+  f("block", c.block);
+  f("dropout", c.dropout);
+  f("batch", c.batch);
+  f("iters", c.iters);
+  f("warmup", c.warmup);
+  f("lr_decay_iters", c.lr_decay_iters);
+  f("lr", c.lr);
+  f("min_lr", c.min_lr);
+  f("weight_decay", c.weight_decay);
+  f("beta2", c.beta2);
+  f("clip", c.clip);
+  f("eval_interval", c.eval_interval);
+  f("eval_iters", c.eval_iters);
+  f("seed", c.seed);
 }
 
-// run.json over `flags`: everything but --iters (when given: a run can be extended) and the
-// process's own settings.
-Config config_from_json(const Json& j, Config flags, bool iters_given) {
-  Config c = flags;
-  j.at("data").get_to(c.data);
-  j.at("layers").get_to(c.layers);
-  j.at("heads").get_to(c.heads);
-  j.at("d_model").get_to(c.d_model);
-  j.at("block").get_to(c.block);
-  j.at("dropout").get_to(c.dropout);
-  j.at("batch").get_to(c.batch);
-  if (!iters_given) j.at("iters").get_to(c.iters);
-  j.at("warmup").get_to(c.warmup);
-  j.at("lr_decay_iters").get_to(c.lr_decay_iters);
-  j.at("lr").get_to(c.lr);
-  j.at("min_lr").get_to(c.min_lr);
-  j.at("weight_decay").get_to(c.weight_decay);
-  j.at("beta2").get_to(c.beta2);
-  j.at("clip").get_to(c.clip);
-  j.at("eval_interval").get_to(c.eval_interval);
-  j.at("eval_iters").get_to(c.eval_iters);
-  j.at("seed").get_to(c.seed);
-  return c;
+Json config_json(const Config& c) {
+  return program::config_to_json(c, [](Config& x, auto f) { config_fields(x, f); });
+}
+Config config_from_json(const Json& j, const Config& flags, bool iters_given) {
+  return program::config_from_json(
+      j, flags, [](Config& x, auto f) { config_fields(x, f); }, iters_given ? "iters" : "");
 }
 
 double seconds_since(Clock::time_point start) {

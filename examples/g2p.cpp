@@ -55,51 +55,37 @@ struct Config {
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
 };
 
-// What a run computes with: metrics.json's "config" and OUT/run.json, which --resume reads.
-Json config_json(const Config& c) {
-  return {{"data", c.data},
-          {"layers", c.layers},
-          {"d_model", c.d_model},
-          {"d_ff", c.d_ff},
-          {"heads", c.heads},
-          {"dropout", c.dropout},
-          {"smoothing", c.smoothing},
-          {"batch_tokens", c.batch_tokens},
-          {"warmup", c.warmup},
-          {"lr_factor", c.lr_factor},
-          {"clip", c.clip},
-          {"beam", c.beam},
-          {"alpha", c.alpha},
-          {"patience", c.patience},
-          {"epochs", c.epochs},
-          {"limit", c.limit},
-          {"eval_limit", c.eval_limit},
-          {"seed", c.seed}};
+// What a run computes with: metrics.json's "config" and DIR/run.json, which --resume reads
+// (program::config_to_json / config_from_json; --epochs may change on --resume, so a run can be
+// extended; threads, logging and --max-steps are the process's own).
+template <class F>
+void config_fields(Config& c, F&& f) {
+  f("data", c.data);
+  f("layers", c.layers);
+  f("d_model", c.d_model);
+  f("d_ff", c.d_ff);
+  f("heads", c.heads);
+  f("dropout", c.dropout);
+  f("smoothing", c.smoothing);
+  f("batch_tokens", c.batch_tokens);
+  f("warmup", c.warmup);
+  f("lr_factor", c.lr_factor);
+  f("clip", c.clip);
+  f("beam", c.beam);
+  f("alpha", c.alpha);
+  f("patience", c.patience);
+  f("epochs", c.epochs);
+  f("limit", c.limit);
+  f("eval_limit", c.eval_limit);
+  f("seed", c.seed);
 }
 
-// The configuration of run.json over `flags` (which keep threads, logging and max steps; and
-// epochs when given, so a run can be extended).
-Config config_from_json(const Json& j, Config flags, bool epochs_given) {
-  Config c = flags;
-  j.at("data").get_to(c.data);
-  j.at("layers").get_to(c.layers);
-  j.at("d_model").get_to(c.d_model);
-  j.at("d_ff").get_to(c.d_ff);
-  j.at("heads").get_to(c.heads);
-  j.at("dropout").get_to(c.dropout);
-  j.at("smoothing").get_to(c.smoothing);
-  j.at("batch_tokens").get_to(c.batch_tokens);
-  j.at("warmup").get_to(c.warmup);
-  j.at("lr_factor").get_to(c.lr_factor);
-  j.at("clip").get_to(c.clip);
-  j.at("beam").get_to(c.beam);
-  j.at("alpha").get_to(c.alpha);
-  j.at("patience").get_to(c.patience);
-  if (!epochs_given) j.at("epochs").get_to(c.epochs);
-  j.at("limit").get_to(c.limit);
-  j.at("eval_limit").get_to(c.eval_limit);
-  j.at("seed").get_to(c.seed);
-  return c;
+Json config_json(const Config& c) {
+  return program::config_to_json(c, [](Config& x, auto f) { config_fields(x, f); });
+}
+Config config_from_json(const Json& j, const Config& flags, bool epochs_given) {
+  return program::config_from_json(
+      j, flags, [](Config& x, auto f) { config_fields(x, f); }, epochs_given ? "epochs" : "");
 }
 
 double seconds_since(Clock::time_point start) {

@@ -23,6 +23,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -137,6 +138,27 @@ inline void add_threads_option(CLI::App& app, int& threads) {
 }
 
 // --- resuming a run
+
+// A run's configuration is one list of fields, `fields(config, f)` calling f(name, member) for
+// each (metrics.json's "config" and DIR/run.json): written and read through it, a field is named
+// once.
+template <class Config, class Fields>
+nlohmann::ordered_json config_to_json(Config c, Fields fields) {
+  nlohmann::ordered_json j;
+  fields(c, [&](const char* name, const auto& value) { j[name] = value; });
+  return j;
+}
+
+// `flags` with every field but `keep` (one the command line may change on --resume, or none)
+// taken from run.json.
+template <class Config, class Fields>
+Config config_from_json(const nlohmann::ordered_json& j, Config flags, Fields fields,
+                        std::string_view keep = {}) {
+  fields(flags, [&](const char* name, auto& value) {
+    if (name != keep) j.at(name).get_to(value);
+  });
+  return flags;
+}
 
 // --resume DIR: the configuration the run was started with, DIR/run.json. The options that set
 // what a run computes (`run_options`) cannot be given again: that is a usage error.

@@ -90,14 +90,11 @@ def encode(stoi, tokens, bos=False, eos=False):
     return ([BOS] if bos else []) + ids + ([EOS] if eos else [])
 
 
-def plan(examples, batch_tokens, rng):
-    """data::DataLoader's epoch plan with one pool (the whole data set)."""
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    order.sort(key=lambda i: (len(examples[i][0]), len(examples[i][1])))
+def cut(order, length, batch_tokens):
+    """Consecutive runs of `order` whose padded size (count x longest length) fits batch_tokens."""
     batches, batch, longest = [], [], 0
     for i in order:
-        n = max(len(examples[i][0]), len(examples[i][1]))
+        n = length(i)
         if batch and (len(batch) + 1) * max(longest, n) > batch_tokens:
             batches.append(batch)
             batch, longest = [], 0
@@ -105,6 +102,15 @@ def plan(examples, batch_tokens, rng):
         longest = max(longest, n)
     if batch:
         batches.append(batch)
+    return batches
+
+
+def plan(examples, batch_tokens, rng):
+    """data::DataLoader's epoch plan with one pool (the whole data set)."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: (len(examples[i][0]), len(examples[i][1])))
+    batches = cut(order, lambda i: max(len(examples[i][0]), len(examples[i][1])), batch_tokens)
     rng.shuffle(batches)
     return batches
 
@@ -218,17 +224,7 @@ def decode_all(model, sources, batch_tokens, beam, alpha):
     examples = [(s, []) for s in sources]
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
     out = [None] * len(examples)
-    batch, longest = [], 0
-    batches = []
-    for i in order:
-        n = len(examples[i][0])
-        if batch and (len(batch) + 1) * max(longest, n) > batch_tokens:
-            batches.append(batch)
-            batch, longest = [], 0
-        batch.append(i)
-        longest = max(longest, n)
-    if batch:
-        batches.append(batch)
+    batches = cut(order, lambda i: len(examples[i][0]), batch_tokens)
     for indices in batches:
         b = collate(examples, indices)
         max_len = b.src.size(1) + 6
