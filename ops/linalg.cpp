@@ -6,6 +6,7 @@
 #include "ops/linalg.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 
 #include <cblas.h>
@@ -16,11 +17,17 @@
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
+#include "ops/gemm_bf16.h"
 #include "ops/reduce.h"
 
 namespace ember {
 
 namespace {
+
+// set_float32_matmul_precision's setting, read by every Float32 product.
+enum class MatmulPrecision { Highest, High, Medium };
+constexpr const char* kPrecisionNames[] = {"highest", "high", "medium"};
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::Highest};
 
 // Note [BLAS layouts]
 // A (rows, cols) matrix with element strides (rs, cs) is, to row-major cblas:
@@ -82,6 +89,11 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
                       const T* b, BlasLayout lb, T beta, T* c, int64_t ldc) {
   const auto i = [](int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>) {
+    if (float32_matmul_uses_bfloat16()) {
+      detail::gemm_bf16(m, n, k, alpha, a, la.trans == CblasTrans, la.ld, b, lb.trans == CblasTrans,
+                        lb.ld, beta, c, ldc);
+      return;
+    }
     cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
                 i(lb.ld), beta, c, i(ldc));
   } else {
@@ -554,6 +566,28 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, doubl
   dispatch_float(c.dtype(), "gemm", [&]<class T>() {
     gemm_into<T>(a, b, c, static_cast<T>(alpha), static_cast<T>(beta));
   });
+}
+
+void set_float32_matmul_precision(const std::string& precision) {
+  for (int i = 0; i < 3; ++i) {
+    if (precision == kPrecisionNames[i]) {
+      g_precision.store(static_cast<MatmulPrecision>(i));
+      return;
+    }
+  }
+  EMBER_CHECK(false,
+              "set_float32_matmul_precision: expected \"highest\", \"high\" or \"medium\", got "
+              "\"{}\"",
+              precision);
+}
+
+std::string get_float32_matmul_precision() {
+  return kPrecisionNames[static_cast<int>(g_precision.load())];
+}
+
+bool float32_matmul_uses_bfloat16() {
+  return g_precision.load(std::memory_order_relaxed) == MatmulPrecision::Medium &&
+         detail::cpu_has_bf16_products();
 }
 
 }  // namespace ember

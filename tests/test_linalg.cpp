@@ -2,6 +2,10 @@
 // matmul, broadcast batches, transposed / narrowed / expanded operands, linear with and without
 // bias) drives gradcheck on several layouts, the PyTorch golden values and gradients and the edge
 // cases; then the BLAS layout paths against a reference, the threading paths and the errors.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -338,6 +342,125 @@ BOOST_AUTO_TEST_CASE(gemm_accumulates_and_writes_column_major) {
       },
       {"gemm", "neither row- nor column-major"});
   expect_error([&] { gemm(a, b, zeros({3, 2})); }, {"gemm", "Float64", "Float32"});
+}
+
+// Float32 values rounded to bfloat16 (to nearest, ties to even), as Float64: the operands the
+// "medium" products multiply.
+Tensor round_to_bfloat16(const Tensor& x) {
+  Tensor out = x.to(kFloat32).contiguous().clone();
+  float* p = out.data<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    std::memcpy(p + i, &u, 4);
+  }
+  return out.to(kFloat64);
+}
+
+// Sets a matmul precision for one scope, then restores "highest".
+struct PrecisionScope {
+  explicit PrecisionScope(const std::string& p) { set_float32_matmul_precision(p); }
+  ~PrecisionScope() { set_float32_matmul_precision("highest"); }
+};
+
+BOOST_AUTO_TEST_CASE(medium_precision_rounds_operands_to_bfloat16) {
+  BOOST_TEST(get_float32_matmul_precision() == "highest");
+  PrecisionScope medium("medium");
+  BOOST_TEST(get_float32_matmul_precision() == "medium");
+  manual_seed(11);
+  // Both operand layouts of each side; sizes with edges in every block of the kernel (rows past a
+  // 12-row strip and a 96-row block, columns past a 32-column strip and a 512-column block, k
+  // odd and past a 256 block), alpha and beta, a column-major output, one and two threads.
+  for (const auto& [m, k, n] : {std::tuple{13, 7, 33}, std::tuple{200, 301, 70},
+                                std::tuple{20, 300, 530}, std::tuple{96, 64, 32}}) {
+    for (int layout = 0; layout < 4; ++layout) {
+      const Tensor a = layout & 1 ? randn({k, m}).transpose(0, 1) : randn({m, k});
+      const Tensor b = layout & 2 ? randn({n, k}).transpose(0, 1) : randn({k, n});
+      const Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+      const Tensor exact = reference_matmul(round_to_bfloat16(a), round_to_bfloat16(b));
+      // Float32 sums over k terms: bounded by k ulp-sized errors of sum |a| |b|
+      const Tensor bound = reference_matmul(a64.abs(), b64.abs()) * (4e-8 * k) + 1e-30;
+      const std::string what = fmt::format("({}, {}) x ({}, {}), layout {}", m, k, k, n, layout);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        const Tensor c = matmul(a, b).to(kFloat64);
+        if (!float32_matmul_uses_bfloat16()) {  // a CPU without AVX512-BF16: Float32 products
+          const Tensor medium_c = matmul(a, b);
+          set_float32_matmul_precision("highest");
+          BOOST_TEST((medium_c - matmul(a, b)).abs().max().item<double>() == 0.0);
+          set_float32_matmul_precision("medium");
+          continue;
+        }
+        BOOST_TEST(((c - exact).abs() / bound).max().item<double>() <= 1.0, what);
+        // ... and not the Float32 product: the rounding is there
+        const double off =
+            ((c - reference_matmul(a64, b64)).abs() / bound).max().item<double>() * 4e-8 * k;
+        BOOST_TEST(off > 1e-4, what << ": differs from Float32 by " << off);
+        const Tensor c0 = randn({m, n});
+        Tensor out = zeros({n, m}).transpose(0, 1);
+        out.copy_(c0);
+        gemm(a, b, out, 1.5, -0.5);
+        BOOST_TEST(((out.to(kFloat64) - (exact * 1.5 - c0.to(kFloat64) * 0.5)).abs() /
+                    (bound * 1.5 + c0.to(kFloat64).abs() * 1e-7))
+                           .max()
+                           .item<double>() <= 1.0,
+                   what << ", alpha 1.5, beta -0.5, column-major");
+      }
+      set_num_threads(0);
+    }
+  }
+  // NaN and infinity propagate as in Float32; Float64 products are untouched.
+  const Tensor a = randn({20, 30}), b = randn({30, 40});
+  a.data<float>()[3 * 30 + 5] = std::numeric_limits<float>::quiet_NaN();
+  b.data<float>()[7 * 40 + 9] = std::numeric_limits<float>::infinity();
+  const Tensor c = matmul(a, b);
+  BOOST_TEST(std::isnan(c.data<float>()[3 * 40 + 9]));
+  BOOST_TEST(isnan(c).sum().item<int64_t>() == 40);  // row 3
+  for (int64_t i = 0; i < 20; ++i)                   // column 9, but for row 3: infinite
+    BOOST_TEST((i == 3 || std::isinf(c.data<float>()[i * 40 + 9])), "row " << i);
+  const Tensor x = randn({30, 40}, kFloat64), y = randn({40, 20}, kFloat64);
+  expect_close(matmul(x, y), reference_matmul(x, y), 1e-12, 1e-12, "Float64 under medium");
+}
+
+BOOST_AUTO_TEST_CASE(medium_precision_trains_like_float32) {
+  // The products of backward round too; a small regression fitted both ways ends at about the
+  // same loss, and the medium gradients are within bfloat16's precision of the Float32 ones.
+  const auto fit = [](const std::string& precision) {
+    PrecisionScope scope(precision);
+    manual_seed(5);
+    const Tensor x = randn({256, 64}), w_true = randn({64, 32}) * 0.2;
+    const Tensor y = tanh(matmul(x, w_true));
+    nn::Linear l1(64, 128), l2(128, 32);
+    std::vector<Tensor> params = l1.parameters();
+    for (const Tensor& p : l2.parameters()) params.push_back(p);
+    optim::Adam opt(params, optim::AdamOptions{1e-2});
+    Tensor first_grad;
+    double loss_value = 0;
+    for (int step = 0; step < 200; ++step) {
+      opt.zero_grad();
+      const Tensor d = l2.forward(tanh(l1.forward(x))) - y;
+      const Tensor loss = (d * d).mean();
+      loss.backward();
+      if (step == 0) first_grad = l1.weight.grad().clone();
+      loss_value = loss.item<double>();
+      opt.step();
+    }
+    return std::pair{loss_value, first_grad};
+  };
+  const auto [loss32, grad32] = fit("highest");
+  const auto [loss16, grad16] = fit("medium");
+  BOOST_TEST_MESSAGE("final loss Float32 " << loss32 << ", medium " << loss16);
+  BOOST_TEST(loss32 < 0.02);
+  BOOST_TEST(loss16 < 1.5 * loss32);
+  const double scale = grad32.abs().max().item<double>();
+  BOOST_TEST((grad16 - grad32).abs().max().item<double>() < 2e-2 * scale);
+}
+
+BOOST_AUTO_TEST_CASE(matmul_precision_errors) {
+  expect_error([] { set_float32_matmul_precision("bfloat16"); },
+               {"set_float32_matmul_precision", "\"highest\"", "\"medium\"", "\"bfloat16\""});
+  BOOST_TEST(get_float32_matmul_precision() == "highest");
 }
 
 BOOST_AUTO_TEST_CASE(graph_is_freed) {
