@@ -50,6 +50,7 @@ struct Config {
   int64_t eval_interval = 250, eval_iters = 20;
   uint64_t seed = 1337;
   std::string data = "/usr/share/games/fortunes";
+  std::string matmul_precision = "highest";
   // How this process runs, not what it computes: may change on --resume.
   int threads = 0;
   int64_t log_every = 50, max_steps = 0;
@@ -83,6 +84,7 @@ void config_fields(Config& c, F&& f) {
   f("eval_interval", c.eval_interval);
   f("eval_iters", c.eval_iters);
   f("seed", c.seed);
+  f("matmul_precision", c.matmul_precision);
 }
 
 Json config_json(const Config& c) {
@@ -527,6 +529,7 @@ int train(const Config& c, const std::string& out, bool resume) {
   const double per_iter = p.train_seconds / static_cast<double>(std::max<int64_t>(p.iter, 1));
   Json config = config_json(c);
   config["threads"] = get_num_threads();
+  config["bfloat16_products"] = float32_matmul_uses_bfloat16();
   const Json metrics = {{"config", config},
                         {"vocab_size", text.vocab.size()},
                         {"train_chars", text.train.size()},
@@ -602,7 +605,8 @@ int main(int argc, char** argv) {
       app.add_option("--eval-interval", c.eval_interval, "iterations between evaluations")
           ->check(positive),
       app.add_option("--eval-iters", c.eval_iters, "batches per evaluation")->check(positive),
-      app.add_option("--seed", c.seed, "random seed")};
+      app.add_option("--seed", c.seed, "random seed"),
+      program::add_matmul_precision_option(app, c.matmul_precision)};
   CLI::Option* iters = app.add_option("--iters", c.iters, "training iterations")->check(count);
   app.add_option("--log-every", c.log_every, "iterations between progress lines")->check(positive);
   app.add_option("--max-steps", c.max_steps,
@@ -632,6 +636,7 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError(
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
     set_num_threads(c.threads);
+    set_float32_matmul_precision(c.matmul_precision);
     manual_seed(c.seed);
     if (!load.empty()) return sample_only(load, c);
     const double D = static_cast<double>(c.d_model), N = static_cast<double>(c.layers);

@@ -49,6 +49,7 @@ struct Config {
   int64_t limit = 0, eval_limit = 0;
   uint64_t seed = 0;
   std::string data = g2p::kDefaultDict;
+  std::string matmul_precision = "highest";
   // How this process runs, not what it computes: may change on --resume.
   int threads = 0;
   int64_t log_every = 200, checkpoint_every = 200, max_steps = 0;
@@ -78,6 +79,7 @@ void config_fields(Config& c, F&& f) {
   f("limit", c.limit);
   f("eval_limit", c.eval_limit);
   f("seed", c.seed);
+  f("matmul_precision", c.matmul_precision);
 }
 
 Json config_json(const Config& c) {
@@ -504,6 +506,7 @@ void test_and_report(Trainer& trainer, const Task& task, const Config& c, const 
   draw_attention(model, task.test, chosen.predictions, task.phonemes, out, 3);
   Json config = config_json(c);
   config["threads"] = get_num_threads();
+  config["bfloat16_products"] = float32_matmul_uses_bfloat16();
   const Json metrics = {
       {"config", config},
       {"split_sizes",
@@ -601,7 +604,8 @@ int main(int argc, char** argv) {
           ->check(count),
       app.add_option("--eval-limit", c.eval_limit, "evaluate the first N dev/test words (0: all)")
           ->check(count),
-      app.add_option("--seed", c.seed, "random seed")};
+      app.add_option("--seed", c.seed, "random seed"),
+      program::add_matmul_precision_option(app, c.matmul_precision)};
   CLI::Option* epochs = app.add_option("--epochs", c.epochs, "most epochs")->check(count);
   app.add_option("--log-every", c.log_every, "steps between progress lines")->check(positive);
   app.add_option("--checkpoint-every", c.checkpoint_every,
@@ -630,6 +634,7 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError(
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
     set_num_threads(c.threads);
+    set_float32_matmul_precision(c.matmul_precision);
     manual_seed(c.seed);
     if (!load.empty()) return predict(load, words, c);
     program::check_memory(training_bytes(c),

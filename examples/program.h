@@ -137,6 +137,15 @@ inline void add_threads_option(CLI::App& app, int& threads) {
       ->check(finite_in(0, max_threads()));
 }
 
+// --matmul-precision: set_float32_matmul_precision's setting for every Float32 product of the run.
+inline CLI::Option* add_matmul_precision_option(CLI::App& app, std::string& precision) {
+  return app
+      .add_option("--matmul-precision", precision,
+                  "Float32 products: highest (Float32) or medium (operands rounded to bfloat16, "
+                  "Float32 sums; where the CPU has AVX512-BF16, else as highest)")
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
+}
+
 // --- resuming a run
 
 // A run's configuration is one list of fields, `fields(config, f)` calling f(name, member) for
@@ -150,12 +159,13 @@ nlohmann::ordered_json config_to_json(Config c, Fields fields) {
 }
 
 // `flags` with every field but `keep` (one the command line may change on --resume, or none)
-// taken from run.json.
+// taken from run.json; a field that run.json lacks (it was written before the field existed)
+// keeps its default.
 template <class Config, class Fields>
 Config config_from_json(const nlohmann::ordered_json& j, Config flags, Fields fields,
                         std::string_view keep = {}) {
   fields(flags, [&](const char* name, auto& value) {
-    if (name != keep) j.at(name).get_to(value);
+    if (name != keep && j.contains(name)) j.at(name).get_to(value);
   });
   return flags;
 }

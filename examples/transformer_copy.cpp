@@ -46,6 +46,7 @@ struct Config {
   int64_t batch = 80, batches = 20, eval_batches = 5, epochs = 20, warmup = 400;
   double lr = 0.5;
   uint64_t seed = 0;
+  std::string matmul_precision = "highest";
   int threads = 0;
   int64_t log_every = 5;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
@@ -397,6 +398,8 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
         {"eps", 1e-9},
         {"smoothing", 0.0},
         {"seed", c.seed},
+        {"matmul_precision", c.matmul_precision},
+        {"bfloat16_products", float32_matmul_uses_bfloat16()},
         {"threads", get_num_threads()},
         {"processes", dp.size()},
         {"on_nonfinite", c.on_nonfinite == program::OnNonfinite::kStop ? "stop" : "skip"}}},
@@ -443,6 +446,7 @@ int main(int argc, char** argv) {
   program::add_on_nonfinite_option(app, c.on_nonfinite);
   app.add_option("--seed", c.seed, "random seed");
   program::add_threads_option(app, c.threads);
+  program::add_matmul_precision_option(app, c.matmul_precision);
   app.add_option("--log-every", c.log_every, "steps between progress lines")->check(positive);
   app.add_option("--out", out, "output directory");
   app.add_option("--load", load, "decode with this saved model instead of training")
@@ -462,6 +466,7 @@ int main(int argc, char** argv) {
                       session.size()));
     if (!decode.empty()) parse_tokens(decode);
     set_num_threads(c.threads);
+    set_float32_matmul_precision(c.matmul_precision);
     manual_seed(c.seed);
     if (!load.empty()) return decode_only(load, decode, c);
     program::check_memory(

@@ -68,6 +68,25 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
     BOOST_TEST(ma.at(key) == mb.at(key), key << ": " << ma.at(key) << " vs " << mb.at(key));
   BOOST_TEST(read_text(dir / "a/model.safetensors") == read_text(dir / "b/model.safetensors"));
 
+  // --matmul-precision medium (bfloat16 products where the CPU has them): trains, is recorded in
+  // run.json, and a resumed run keeps it (the same losses as one never stopped).
+  const std::string c = (dir / "c").string(), d = (dir / "d").string();
+  expect_ok(fmt::format("{} --matmul-precision medium --out '{}'", config, c));
+  expect_ok(fmt::format("{} --matmul-precision medium --out '{}' --max-steps 13", config, d));
+  expect_ok(fmt::format("--resume '{}' --threads 1 --sample 30", d));
+  const auto mc = nlohmann::json::parse(read_text(dir / "c/metrics.json"));
+  const auto md = nlohmann::json::parse(read_text(dir / "d/metrics.json"));
+  BOOST_TEST(mc.at("config").at("matmul_precision") == "medium");
+  const auto val_c = mc.at("val_loss").get<std::vector<double>>();
+  BOOST_TEST(val_c.back() < val_c.front() - 0.5,
+             "val loss " << val_c.front() << " -> " << val_c.back());
+  BOOST_TEST(mc.at("val_loss") == md.at("val_loss"));
+  BOOST_TEST(mc.at("sample") == md.at("sample"));
+  if (mc.at("config").at("bfloat16_products").get<bool>())  // else computed as Float32
+    BOOST_TEST(mc.at("val_loss") != ma.at("val_loss"));
+  BOOST_TEST(run_char_lm("--matmul-precision low --threads 1", dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--matmul-precision") != std::string::npos);
+
   // Sampling from a saved model: the same seed gives the same text, another seed other text.
   const auto sample = [&](int seed) {
     expect_ok(fmt::format("--load '{}' --sample 40 --prompt 'The ' --seed {}", a, seed));

@@ -168,12 +168,17 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--out", default="out/char_lm_pytorch")
+    ap.add_argument("--matmul-precision", choices=["highest", "high", "medium"],
+                    default="highest", help="torch.set_float32_matmul_precision")
+    ap.add_argument("--autocast", action="store_true",
+                    help="forward and loss under torch.autocast('cpu', torch.bfloat16)")
     ap.add_argument("--no-flash", action="store_true",
                     help="attention written out even where F.scaled_dot_product_attention exists")
     a = ap.parse_args()
     global FLASH
     FLASH = FLASH and not a.no_flash
     torch.set_num_threads(a.threads)
+    torch.set_float32_matmul_precision(a.matmul_precision)
     torch.manual_seed(a.seed)
     os.makedirs(a.out, exist_ok=True)
     files, chars, train_data, val_data = read_text(a.data)
@@ -206,7 +211,8 @@ def main():
         model.eval()
         out = []
         for data in (train_data, val_data):
-            losses = [model(*get_batch(data)).item() for _ in range(a.eval_iters)]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+                losses = [model(*get_batch(data)).item() for _ in range(a.eval_iters)]
             out.append(sum(losses) / len(losses))
         model.train()
         return out
@@ -226,7 +232,8 @@ def main():
         for group in optimizer.param_groups:
             group["lr"] = get_lr(it)
         model.train()
-        loss = model(*get_batch(train_data))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = model(*get_batch(train_data))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         optimizer.step()
