@@ -3,7 +3,7 @@
 // the two JSON files into one table and bench/run.sh runs both at 1 and 2 threads.
 //
 //   ember_bench [--threads N] [--filter substr]... [--exact name]... [--json out.json] [--time s]
-//               [--list] [--smoke]
+//               [--matmul-precision highest|medium] [--list] [--smoke]
 //
 // Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention, and
 // elementwise math functions, also forward alone), the per-op overhead of `x + 1` on one element, a
@@ -238,6 +238,7 @@ struct Options {
   std::vector<std::string> exact;  // names run when given (repeatable), instead of the filters
   std::string json;
   double target = 1.0;
+  std::string matmul_precision = "highest";  // set_float32_matmul_precision for every workload
   bool list = false, smoke = false;
 };
 
@@ -262,14 +263,17 @@ Options parse(int argc, char** argv) {
       o.json = value();
     else if (a == "--time")
       o.target = std::atof(value().c_str());
+    else if (a == "--matmul-precision")
+      o.matmul_precision = value();
     else if (a == "--list")
       o.list = true;
     else if (a == "--smoke")
       o.smoke = true;
     else {
-      std::fprintf(stderr,
-                   "usage: ember_bench [--threads N] [--filter substr]... [--exact name]... "
-                   "[--json out.json] [--time seconds] [--list] [--smoke]\n");
+      std::fprintf(
+          stderr,
+          "usage: ember_bench [--threads N] [--filter substr]... [--exact name]... "
+          "[--json out.json] [--time seconds] [--matmul-precision P] [--list] [--smoke]\n");
       std::exit(a == "--help" || a == "-h" ? 0 : 2);
     }
   }
@@ -296,6 +300,7 @@ int main(int argc, char** argv) {
   using namespace ember::bench;
   const Options o = parse(argc, argv);
   ember::set_num_threads(o.threads);
+  ember::set_float32_matmul_precision(o.matmul_precision);
   add_op_workloads();
   add_nw_workloads();
   add_grain_workloads();
@@ -334,7 +339,11 @@ int main(int argc, char** argv) {
                        {"max_rss_kb", rss}});
   }
   if (!o.json.empty() && !o.list && !o.smoke) {
-    const nlohmann::json doc = {{"side", "ember"}, {"threads", o.threads}, {"results", results}};
+    const nlohmann::json doc = {{"side", "ember"},
+                                {"threads", o.threads},
+                                {"matmul_precision", o.matmul_precision},
+                                {"bfloat16_products", ember::float32_matmul_uses_bfloat16()},
+                                {"results", results}};
     std::ofstream(o.json) << doc.dump(2) << '\n';
   }
   return 0;

@@ -11,7 +11,10 @@ of each side, the ratio of medians against the fastest PyTorch (time: Ember / Py
 better for Ember) and each program's peak RSS (the largest of its runs, from wait4).
 
     bench/examples.py --build build --torch-python /usr/bin/python3 \\
-        [--torch-python /path/to/venv/bin/python] [--threads 1 2] [--repeat 3]
+        [--torch-python /path/to/venv/bin/python] [--threads 1 2] [--repeat 3] [--bf16]
+
+--bf16 adds Ember with --matmul-precision medium and each PyTorch under --autocast (bfloat16
+products): a second ratio compares Ember medium with the fastest PyTorch of either precision.
 
 Threads as bench/run.sh: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and EMBER_NUM_THREADS and the
 programs' own --threads; from 2 threads every side runs both with OpenMP's default wait policy
@@ -45,7 +48,7 @@ def run(cmd, env):
 def char_lm(side, a, threads, out):
     common = ["--threads", str(threads), "--iters", str(a.char_lm_iters), "--eval-interval",
               str(a.char_lm_iters), "--eval-iters", "1", "--out", out]
-    if side == "ember":
+    if side is None:
         cmd = [os.path.join(a.build, "examples", "char_lm")] + common
     else:
         cmd = [side, "bench/pytorch/char_lm.py"] + common
@@ -54,7 +57,7 @@ def char_lm(side, a, threads, out):
 
 def g2p(side, a, threads, out):
     steps = str(a.g2p_steps)
-    if side == "ember":
+    if side is None:
         cmd = [os.path.join(a.build, "examples", "g2p"), "--threads", str(threads), "--max-steps",
                steps, "--log-every", steps, "--out", out]
     else:
@@ -88,13 +91,24 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--char-lm-iters", type=int, default=300)
     ap.add_argument("--g2p-steps", type=int, default=100)
+    ap.add_argument("--bf16", action="store_true",
+                    help="also Ember with --matmul-precision medium and each PyTorch with "
+                         "--autocast (bfloat16 products)")
     ap.add_argument("--only", default="", help="run the workloads whose name contains this")
     ap.add_argument("--json", default="", help="write every run's figure here")
     a = ap.parse_args()
     pythons = a.torch_python or ["/usr/bin/python3"]
-    names = {p: f"PyTorch {torch_version(p)}" for p in pythons}
-    sides = ["ember"] + pythons
-    results = {}  # (workload, threads, side, policy) -> {"values": [...], "rss": max}
+    # (key, label, python or None for Ember, extra arguments, bfloat16 products?)
+    sides = [("ember", "Ember", None, [], False)]
+    if a.bf16:
+        sides.append(("ember-medium", "Ember medium", None, ["--matmul-precision", "medium"], True))
+    for p in pythons:
+        name = f"PyTorch {torch_version(p)}"
+        sides.append((p, name, p, [], False))
+        if a.bf16:
+            sides.append((p + " autocast", name + " autocast", p, ["--autocast"], True))
+    label = {key: lab for key, lab, *_ in sides}
+    results = {}  # (workload, threads, side key, policy) -> {"values": [...], "rss": max}
     with tempfile.TemporaryDirectory() as tmp:
         for threads in a.threads:
             env = dict(os.environ, OMP_NUM_THREADS=str(threads),
@@ -106,53 +120,56 @@ def main():
                     continue
                 for r in range(a.repeat):
                     for policy in policies:
-                        for i, side in enumerate(sides):
+                        for i, (key, _, python, extra, _) in enumerate(sides):
                             out = os.path.join(tmp, f"{i}")
-                            cmd, read = make(side, a, threads, out)
+                            cmd, read = make(python, a, threads, out)
                             run_env = dict(env, **({"OMP_WAIT_POLICY": policy}
                                                    if policy != "default" else {}))
-                            text, rss = run(cmd, run_env)
+                            text, rss = run(cmd + extra, run_env)
                             value = read(text)
-                            entry = results.setdefault((workload, threads, side, policy),
+                            entry = results.setdefault((workload, threads, key, policy),
                                                        {"values": [], "rss": 0.0})
                             entry["values"].append(value)
                             entry["rss"] = max(entry["rss"], rss)
-                            label = "Ember" if side == "ember" else names[side]
-                            print(f"{workload} | {threads} thread(s), {policy} | {label} | run "
-                                  f"{r + 1}: {value:.1f} {unit}, peak RSS {rss:.0f} MB",
+                            print(f"{workload} | {threads} thread(s), {policy} | {label[key]} | "
+                                  f"run {r + 1}: {value:.1f} {unit}, peak RSS {rss:.0f} MB",
                                   flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump([{"workload": w, "threads": t, "policy": pol,
-                        "side": "ember" if s == "ember" else names[s], **e}
+            json.dump([{"workload": w, "threads": t, "policy": pol, "side": label[s], **e}
                        for (w, t, s, pol), e in results.items()], f, indent=2)
+    torch_keys = [key for key, _, python, _, _ in sides if python]
+    plain = [key for key, _, python, _, bf16 in sides if python and not bf16]
+    ratios = [("Ember / fastest PyTorch in Float32 (time)", "ember", plain)]
+    if a.bf16:
+        ratios.append(("Ember medium / fastest PyTorch, any precision (time)", "ember-medium",
+                       torch_keys))
     print()
-    print("| workload | threads | Ember | " + " | ".join(names[p] for p in pythons) +
-          " | Ember / fastest PyTorch (time) | peak RSS MB Ember / " +
-          " / ".join(names[p] for p in pythons) + " |")
-    print("|---" * (5 + len(pythons)) + "|")
+    print("| workload | threads | " + " | ".join(label[k] for k, *_ in sides) + " | " +
+          " | ".join(r[0] for r in ratios) + " | peak RSS MB " +
+          " / ".join(label[k] for k, *_ in sides) + " |")
+    print("|---" * (2 + len(sides) + len(ratios) + 1) + "|")
     for workload, (_, unit, higher_is_faster) in WORKLOADS.items():
         for threads in a.threads:
             med, policy, rss = {}, {}, {}
-            for s in sides:  # each side at its better wait policy
+            for key, *_ in sides:  # each side at its better wait policy
                 runs = {pol: e for (w, t, side, pol), e in results.items()
-                        if (w, t, side) == (workload, threads, s)}
+                        if (w, t, side) == (workload, threads, key)}
                 if not runs:
                     continue
                 medians = {pol: statistics.median(e["values"]) for pol, e in runs.items()}
-                policy[s] = (max if higher_is_faster else min)(medians, key=medians.get)
-                med[s] = medians[policy[s]]
-                rss[s] = max(e["rss"] for e in runs.values())
+                policy[key] = (max if higher_is_faster else min)(medians, key=medians.get)
+                med[key] = medians[policy[key]]
+                rss[key] = max(e["rss"] for e in runs.values())
             if len(med) < len(sides):
                 continue
-            time = {s: 1 / v if higher_is_faster else v for s, v in med.items()}
-            fastest = min(time[p] for p in pythons)
-            shown = {s: f"{med[s]:.1f} {unit}" + (f" ({policy[s]})" if threads >= 2 else "")
-                     for s in sides}
-            print(f"| {workload} | {threads} | {shown['ember']} | " +
-                  " | ".join(shown[p] for p in pythons) +
-                  f" | {time['ember'] / fastest:.2f} | " +
-                  " / ".join(f"{rss[s]:.0f}" for s in sides) + " |")
+            time = {k: 1 / v if higher_is_faster else v for k, v in med.items()}
+            shown = {k: f"{med[k]:.1f} {unit}" + (f" ({policy[k]})" if threads >= 2 else "")
+                     for k in med}
+            print(f"| {workload} | {threads} | " + " | ".join(shown[k] for k, *_ in sides) +
+                  " | " + " | ".join(f"{time[num] / min(time[k] for k in den):.2f}"
+                                     for _, num, den in ratios) +
+                  " | " + " / ".join(f"{rss[k]:.0f}" for k, *_ in sides) + " |")
 
 
 if __name__ == "__main__":

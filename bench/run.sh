@@ -9,6 +9,8 @@
 #   env: BENCH_THREADS="1 2"  BENCH_TIME=1.0 (seconds per workload)  BENCH_OUT=BUILD_DIR/bench-results
 #        BENCH_SKIP_BUILD=1 (use the ember_bench already built)
 #        BENCH_PYTHON=venv/bin/python (another torch)  BENCH_WAIT_POLICY=PASSIVE (OMP_WAIT_POLICY)
+#        BENCH_EMBER_ARGS="--matmul-precision medium" and BENCH_TORCH_ARGS="--autocast" (or
+#        "--matmul-precision medium"): bfloat16 products, given to every program of its side
 #        BENCH_RUN=0|1: workload 4, the whole copy-task run (examples/transformer_copy at its
 #        defaults against bench/pytorch/copy_task.py, ~5-10 min per side and thread count);
 #        on by default when no selection args are given, off otherwise
@@ -18,6 +20,8 @@ cd "$ROOT"
 BUILD=${1:-build}
 shift || true
 SELECT=("$@")
+read -r -a EMBER_ARGS <<<"${BENCH_EMBER_ARGS:-}"
+read -r -a TORCH_ARGS <<<"${BENCH_TORCH_ARGS:-}"
 OUT=${BENCH_OUT:-$BUILD/bench-results}
 # BENCH_PYTHON: another interpreter with torch (a venv with a current torch from PyPI, say);
 # without it, Debian's.
@@ -57,17 +61,18 @@ for threads in ${BENCH_THREADS:-1 2}; do
     IFS=$'\t' read -r -a ARGS <<<"$unit"
     # Alternate the sides unit by unit, so a burst of load on the machine hits both.
     env "${ENV[@]}" "$BIN" --threads "$threads" --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" \
-      --json "$OUT/ember-t$threads-$i.json" | sed 's/^/ember   /'
+      "${EMBER_ARGS[@]}" --json "$OUT/ember-t$threads-$i.json" | sed 's/^/ember   /'
     env "${ENV[@]}" "$PY" bench/pytorch/bench_torch.py --threads "$threads" \
-      --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" --json "$OUT/torch-t$threads-$i.json" |
+      --time "${BENCH_TIME:-1.0}" "${ARGS[@]}" "${TORCH_ARGS[@]}" \
+      --json "$OUT/torch-t$threads-$i.json" |
       sed 's/^/pytorch /'
   done
   if [ "${BENCH_RUN:-$([ ${#SELECT[@]} -eq 0 ] && echo 1 || echo 0)}" = 1 ]; then
     echo "ember   workload 4: transformer_copy at its defaults ($threads thread(s))"
-    env "${ENV[@]}" "$BUILD/examples/transformer_copy" --threads "$threads" \
+    env "${ENV[@]}" "$BUILD/examples/transformer_copy" --threads "$threads" "${EMBER_ARGS[@]}" \
       --out "$OUT/run-ember-t$threads" | grep -E "^epoch|accuracy|^wrote" | sed 's/^/ember   /'
     echo "pytorch workload 4: bench/pytorch/copy_task.py ($threads thread(s))"
-    env "${ENV[@]}" "$PY" bench/pytorch/copy_task.py --threads "$threads" \
+    env "${ENV[@]}" "$PY" bench/pytorch/copy_task.py --threads "$threads" "${TORCH_ARGS[@]}" \
       --out "$OUT/run-pytorch-t$threads" | grep -E "^epoch|accuracy" | sed 's/^/pytorch /'
   fi
 done

@@ -7,6 +7,10 @@ step). Run with Debian's python3-torch:
 
     OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N /usr/bin/python3 bench/pytorch/bench_torch.py \
         --threads N [--filter substr]... [--exact name]... [--json out.json] [--list] [--smoke]
+        [--matmul-precision highest|high|medium] [--autocast]
+
+--autocast runs every step under torch.autocast("cpu", torch.bfloat16): products in bfloat16,
+what Ember's --matmul-precision medium compares with.
 """
 import argparse
 import json
@@ -316,8 +320,11 @@ def main():
     p.add_argument("--time", type=float, default=1.0)
     p.add_argument("--list", action="store_true")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest")
+    p.add_argument("--autocast", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    torch.set_float32_matmul_precision(a.matmul_precision)
 
     def selected(name):
         if a.exact:
@@ -333,6 +340,10 @@ def main():
             continue
         torch.manual_seed(0)
         step = make(a.smoke)
+        if a.autocast:
+            def step(plain=step):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    plain()
         if a.smoke:
             step()
             print(f"{name:<44} ok")
@@ -348,6 +359,7 @@ def main():
     if a.json and not a.list and not a.smoke:
         with open(a.json, "w") as f:
             json.dump(dict(side="pytorch", threads=a.threads, torch=torch.__version__,
+                           matmul_precision=a.matmul_precision, autocast=a.autocast,
                            results=results), f, indent=2)
             f.write("\n")
 

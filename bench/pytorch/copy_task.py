@@ -104,8 +104,15 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--out", default="out/copy_task_pytorch")
+    p.add_argument("--matmul-precision", choices=["highest", "high", "medium"],
+                    default="highest", help="torch.set_float32_matmul_precision")
+    p.add_argument("--autocast", action="store_true",
+                    help="the whole run under torch.autocast('cpu', torch.bfloat16)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    torch.set_float32_matmul_precision(a.matmul_precision)
+    if a.autocast:  # entered for the rest of the process
+        torch.autocast("cpu", dtype=torch.bfloat16).__enter__()
     torch.manual_seed(a.seed)
     run_start, cpu_start = time.perf_counter(), time.process_time()
     os.makedirs(a.out, exist_ok=True)

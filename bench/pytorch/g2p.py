@@ -285,8 +285,15 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="out/g2p_pytorch")
+    ap.add_argument("--matmul-precision", choices=["highest", "high", "medium"],
+                    default="highest", help="torch.set_float32_matmul_precision")
+    ap.add_argument("--autocast", action="store_true",
+                    help="the whole run under torch.autocast('cpu', torch.bfloat16)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    torch.set_float32_matmul_precision(a.matmul_precision)
+    if a.autocast:  # entered for the rest of the process
+        torch.autocast("cpu", dtype=torch.bfloat16).__enter__()
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
