@@ -150,19 +150,19 @@ bool any_requires_grad(std::initializer_list<Tensor> ts) {
 namespace {
 
 void link(const std::shared_ptr<Node>& node, const Tensor* begin, const Tensor* end,
-          std::initializer_list<Tensor*> outputs) {
+          Tensor* const* outputs, size_t num_outputs) {
   node->next_edges.reserve(end - begin);
   for (const Tensor* t = begin; t != end; ++t) {
     node->next_edges.push_back(t->defined() ? gradient_edge(*t) : Edge{});
     node->input_shapes.push_back(t->defined() ? t->shape() : Shape{});
     node->input_dtypes.push_back(t->defined() ? t->dtype() : kFloat32);
   }
-  node->num_outputs = static_cast<uint32_t>(outputs.size());
-  uint32_t nr = 0;
-  for (Tensor* out : outputs) {
-    out->impl()->requires_grad = true;
-    out->impl()->grad_fn = node;
-    out->impl()->output_nr = nr++;
+  node->num_outputs = static_cast<uint32_t>(num_outputs);
+  for (uint32_t nr = 0; nr < num_outputs; ++nr) {
+    TensorImpl* out = outputs[nr]->impl();
+    out->requires_grad = true;
+    out->grad_fn = node;
+    out->output_nr = nr;
   }
 }
 
@@ -170,17 +170,26 @@ void link(const std::shared_ptr<Node>& node, const Tensor* begin, const Tensor* 
 
 void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
              std::initializer_list<Tensor*> outputs) {
-  link(node, inputs.begin(), inputs.end(), outputs);
+  link(node, inputs.begin(), inputs.end(), outputs.begin(), outputs.size());
 }
 
 void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
              Tensor& output) {
-  link(node, inputs.begin(), inputs.end(), {&output});
+  Tensor* out = &output;
+  link(node, inputs.begin(), inputs.end(), &out, 1);
 }
 
 void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
              std::initializer_list<Tensor*> outputs) {
-  link(node, inputs.data(), inputs.data() + inputs.size(), outputs);
+  link(node, inputs.data(), inputs.data() + inputs.size(), outputs.begin(), outputs.size());
+}
+
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             std::vector<Tensor>& outputs) {
+  std::vector<Tensor*> out;
+  out.reserve(outputs.size());
+  for (Tensor& t : outputs) out.push_back(&t);
+  link(node, inputs.begin(), inputs.end(), out.data(), out.size());
 }
 
 void check_forward_finite(std::string_view op, const Tensor& out) {

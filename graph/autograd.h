@@ -163,6 +163,17 @@ void record(std::string_view op, std::initializer_list<Tensor*> outputs,
     connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
 }
 
+// As record, for ops with a variable number of outputs (split, chunk): one Node, whose output i
+// each outputs[i] is.
+template <class N, class... Args>
+void record(std::string_view op, std::vector<Tensor>& outputs, std::initializer_list<Tensor> inputs,
+            Args&&... args) {
+  if (is_anomaly_enabled()) [[unlikely]]
+    for (const Tensor& out : outputs) check_forward_finite(op, out);
+  if (any_requires_grad(inputs))
+    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
+}
+
 // The edge a gradient for `t` flows along: t's grad_fn, or its leaf accumulator (made on first
 // use); empty when t needs no gradient.
 Edge gradient_edge(const Tensor& t);
@@ -180,5 +191,7 @@ void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> in
              Tensor& output);
 void connect(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
              std::initializer_list<Tensor*> outputs);
+void connect(const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs,
+             std::vector<Tensor>& outputs);
 
 }  // namespace ember

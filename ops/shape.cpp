@@ -274,16 +274,37 @@ struct SliceBackward final : Node {
   int64_t dim_, start_, step_;
 };
 
-// The views of split and chunk: pieces of `sizes` along dim d, each recorded as op `op`.
+// The pieces of split and chunk, one Node for all (so backward writes their gradients side by
+// side into one tensor): dX = [dY_0, dY_1, ...] along dim, zeros for a piece that got none.
+struct SplitBackward final : Node {
+  SplitBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const bool all =
+        std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
+    Tensor grad_x =
+        all ? empty(input_shapes[0], input_dtypes[0]) : zeros(input_shapes[0], input_dtypes[0]);
+    int64_t start = 0;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      if (grads[i].defined()) copy_into(narrow_view(grad_x, dim_, start, sizes_[i]), grads[i]);
+      start += sizes_[i];
+    }
+    return {grad_x};
+  }
+  int64_t dim_;
+  std::vector<int64_t> sizes_;
+};
+
+// The views of split and chunk: pieces of `sizes` along dim d, recorded as op `op`.
 std::vector<Tensor> split_views(const Tensor& x, int64_t d, const std::vector<int64_t>& sizes,
                                 std::string_view op) {
   std::vector<Tensor> pieces;
   pieces.reserve(sizes.size());
   int64_t start = 0;
   for (int64_t length : sizes) {
-    pieces.push_back(record<NarrowBackward>(op, narrow_view(x, d, start, length), {x}, d, start));
+    pieces.push_back(narrow_view(x, d, start, length));
     start += length;
   }
+  record<SplitBackward>(op, pieces, {x}, d, sizes);
   return pieces;
 }
 

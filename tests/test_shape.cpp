@@ -172,6 +172,10 @@ BOOST_AUTO_TEST_CASE(view_gradients) {
   // select: row 1 gets 2 each; slice of columns 0 and 2: column 0 twice (outputs 0 and 2),
   // column 2 once; chunk: the first two columns 3 times (3 outputs); split: row 0 once.
   BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{6, 4, 2, 7, 5, 3}));
+  // The pieces of one split are the outputs of one Node, whose backward writes their gradients
+  // side by side (zeros for a piece that got none: the second row above).
+  BOOST_TEST(halves[0].grad_fn() == halves[1].grad_fn());
+  BOOST_TEST(halves[0].grad_fn()->name() == "ChunkBackward");
 }
 
 BOOST_AUTO_TEST_CASE(errors) {
