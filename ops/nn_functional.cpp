@@ -270,33 +270,46 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op<true>(x, di
 
 namespace {
 
-// x, y are (M, N) contiguous; weight, bias (N) or null; mean, rstd (M). Per row, in one pass
-// over x (sums shifted by the row's first element, in double, so the variance does not cancel):
-//   mean = Σx / N,  var = Σ(x - mean)² / N,  rstd = 1 / sqrt(var + eps)
+// x, y are (M, N) contiguous; weight, bias (N) or null; mean, rstd (M). Per row, two passes
+// over x in lanes of T (Note [Lane sums]): m = Σx / N, then the corrected two-pass variance,
+// which does not cancel however large the offset (d = x - m; Σd is m's rounding error):
+//   mean = m + Σd / N,  var = Σd² / N - (Σd / N)²,  rstd = 1 / sqrt(var + eps)
 //   y = (x - mean) * rstd * weight + bias
 template <class T>
 void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
                         int64_t M, int64_t N, double eps) {
+  using L = Lanes<T>;
+  const double inv_n = 1.0 / static_cast<double>(N);
   parallel_for(
       M,
       [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
           const T* xr = x + r * N;
           T* yr = y + r * N;
-          const double shift = xr[0];
-          double s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
-          for (int64_t j = 0; j < N; ++j) {
-            const double d = static_cast<double>(xr[j]) - shift;
+          L sums;
+          int64_t j = for_lanes<T>(
+              N, [&](int64_t j, int u) EMBER_VEC_LAMBDA { sums.v[u] += L::load(xr + j); });
+          T sum = sums.total();
+          for (; j < N; ++j) sum += xr[j];
+          const T m = static_cast<T>(sum * inv_n);
+          L d1, d2;
+          j = for_lanes<T>(N, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
+            const auto d = L::load(xr + j) - m;
+            d1.v[u] += d;
+            d2.v[u] += d * d;
+          });
+          T s1 = d1.total(), s2 = d2.total();
+          for (; j < N; ++j) {
+            const T d = xr[j] - m;
             s1 += d;
             s2 += d * d;
           }
-          const double m = s1 / N, var = std::max(s2 / N - m * m, 0.0);
-          const T mu = static_cast<T>(shift + m), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
+          const double c = s1 * inv_n, var = std::max(s2 * inv_n - c * c, 0.0);
+          const T mu = static_cast<T>(m + c), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
           mean[r] = mu;
           rstd[r] = rs;
 #pragma omp simd
-          for (int64_t j = 0; j < N; ++j) {
+          for (j = 0; j < N; ++j) {
             T v = (xr[j] - mu) * rs;
             if (weight) v *= weight[j];
             if (bias) v += bias[j];
@@ -307,31 +320,13 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
       row_grain(N));
 }
 
-// Σ a[j] and Σ a[j]·b[j] over n elements: 16 independent lanes in T (a loop GCC vectorises
-// without reassociating one sum), the lanes added in double.
-template <class T>
-std::pair<double, double> sum_and_dot(const T* a, const T* b, int64_t n) {
-  constexpr int64_t kLanes = 16;
-  T sum[kLanes] = {}, dot[kLanes] = {};
-  const int64_t body = n - n % kLanes;
-  for (int64_t j = 0; j < body; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) {
-      sum[l] += a[j + l];
-      dot[l] += a[j + l] * b[j + l];
-    }
-  double s = 0, d = 0;
-  for (int64_t l = 0; l < kLanes; ++l) s += sum[l], d += dot[l];
-  for (int64_t j = body; j < n; ++j) s += a[j], d += static_cast<double>(a[j]) * b[j];
-  return {s, d};
-}
-
 // Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
 //   xhat = (x - mean) * rstd,  dxhat = dY * weight
 //   dX = rstd * (dxhat - mean_N(dxhat) - xhat * mean_N(dxhat * xhat))
 //   dW = Σ_M dY * xhat,  dB = Σ_M dY
-// Each row's xhat and dxhat go to a scratch row first, so every loop below is a plain
-// vectorisable one; dW and dB are summed per thread (in T over blocks of rows, then in double),
-// then combined.
+// Two passes over a row: the two sums (in lanes of T), then dX from them, xhat and dxhat
+// recomputed rather than stored. dW and dB are summed per thread (in T over blocks of rows,
+// then in double), then combined.
 template <class T>
 void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
@@ -342,16 +337,14 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   std::vector<T> unit_weight;
   if (!weight) unit_weight.assign(N, T(1));
   const T* w = weight ? weight : unit_weight.data();
+  const T inv_n = T(1) / static_cast<T>(N);
   // One call per thread (a branch, not OpenMP's if-clause, which costs microseconds when false).
-  const auto run = [&, w, N, M, dx](int64_t t, int64_t threads) {
-    // Scratch: xhat and dxhat of the current row, then dW and dB summed in T over a block of
-    // up to kBlockRows rows (cheap, and within kBlockRows roundings), added to the thread's
-    // double partials at the end of each block.
+  const auto run = [=, &partial](int64_t t, int64_t threads) {
+    // dW and dB summed in T over a block of up to kBlockRows rows (cheap, and within kBlockRows
+    // roundings), added to the thread's double partials at the end of each block.
     constexpr int kBlockRows = 32;
-    std::vector<T> scratch(4 * N, T(0));
-    T* xhat = scratch.data();
-    T* dxhat = xhat + N;
-    T* block_w = dxhat + N;
+    std::vector<T> block(param_grads ? 2 * N : 0, T(0));
+    T* block_w = block.data();
     T* block_b = block_w + N;
     double* pw = param_grads ? partial.data() + 2 * N * t : nullptr;
     double* pb = param_grads ? pw + N : nullptr;
@@ -367,20 +360,32 @@ void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
     for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
       const T *gr = g + r * N, *xr = x + r * N;
       const T mu = mean[r], rs = rstd[r];
-      for (int64_t j = 0; j < N; ++j) {
-        xhat[j] = (xr[j] - mu) * rs;
-        dxhat[j] = gr[j] * w[j];
-      }
       if (dx) {
-        const auto [a, b] = sum_and_dot(dxhat, xhat, N);
-        const T mean_dxhat = static_cast<T>(a / N), mean_dxhat_xhat = static_cast<T>(b / N);
+        // Σ dxhat and Σ dxhat · (x - mean), in lanes (Note [Lane sums])
+        using L = Lanes<T>;
+        L sums, dots;
+        int64_t j = for_lanes<T>(N, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
+          const auto d = L::load(gr + j) * L::load(w + j);
+          sums.v[u] += d;
+          dots.v[u] += d * (L::load(xr + j) - mu);
+        });
+        T sum = sums.total(), dot = dots.total();
+        for (; j < N; ++j) {
+          const T d = gr[j] * w[j];
+          sum += d;
+          dot += d * (xr[j] - mu);
+        }
+        // xhat · mean(dxhat · xhat) = (x - mean) · c
+        const T mean_dxhat = sum * inv_n, c = dot * rs * rs * inv_n;
         T* dxr = dx + r * N;
+#pragma omp simd
         for (int64_t j = 0; j < N; ++j)
-          dxr[j] = rs * (dxhat[j] - mean_dxhat - xhat[j] * mean_dxhat_xhat);
+          dxr[j] = rs * (gr[j] * w[j] - mean_dxhat - (xr[j] - mu) * c);
       }
       if (pw) {
+#pragma omp simd
         for (int64_t j = 0; j < N; ++j) {
-          block_w[j] += gr[j] * xhat[j];
+          block_w[j] += gr[j] * ((xr[j] - mu) * rs);
           block_b[j] += gr[j];
         }
         if (++rows_in_block == kBlockRows) flush();

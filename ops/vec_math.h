@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -257,6 +258,57 @@ EMBER_VEC_INLINE NormalCdfPdf<T> vnormal_cdf_pdf(T x) {
 template <class T>
 EMBER_VEC_INLINE T vnormal_cdf(T x) {
   return vnormal_cdf_pdf(x).cdf;
+}
+
+// Note [Lane sums]
+// A SIMD loop that sums needs independent partial sums (lanes) added at the end: GCC reorders a
+// floating sum only under -ffast-math, and the lanes it makes for `#pragma omp simd reduction`
+// may live in memory, read back with gathers (layer_norm's backward spent most of its time so).
+// Lanes<T> holds kWays 64-byte GCC vectors of T (16 floats or 8 doubles each, which the compiler
+// splits into the registers the CPU has): several, because one vector's chain of adds waits on
+// each add's latency. for_lanes walks blocks of kWidth elements, kWays at a time, handing each
+// block its own vector:
+//   Lanes<T> acc;
+//   int64_t j = for_lanes<T>(n, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
+//     acc.v[u] += Lanes<T>::load(p + j); });
+//   T sum = acc.total();
+//   for (; j < n; ++j) sum += p[j];  // the tail, fewer than kWidth elements
+// (Without AVX-512 such a vector is returned differently, which GCC notes, -Wpsabi, where the
+// library is built for such a CPU: every use is inlined, so nothing crosses an ABI, and
+// CMakeLists.txt turns the note off.)
+template <class T>
+struct Lanes {
+  using V [[gnu::vector_size(64)]] = T;
+  static constexpr int64_t kWidth = 64 / sizeof(T);
+  static constexpr int kWays = 4;
+  V v[kWays] = {};
+  EMBER_VEC_INLINE static V load(const T* p) {
+    V r;
+    std::memcpy(&r, p, sizeof r);
+    return r;
+  }
+  EMBER_VEC_INLINE T total() const {
+    const V all = (v[0] + v[1]) + (v[2] + v[3]);
+    T s = 0;
+    for (int64_t l = 0; l < kWidth; ++l) s += all[l];
+    return s;
+  }
+};
+
+// body(j, u) for each whole block of Lanes<T>::kWidth elements below n, u (a constant once
+// inlined) the block's vector; returns where the tail starts.
+template <class T, class Body>
+EMBER_VEC_INLINE int64_t for_lanes(int64_t n, Body&& body) {
+  constexpr int64_t w = Lanes<T>::kWidth;
+  int64_t j = 0;
+  for (; j + 4 * w <= n; j += 4 * w) {
+    body(j, 0);
+    body(j + w, 1);
+    body(j + 2 * w, 2);
+    body(j + 3 * w, 3);
+  }
+  for (; j + w <= n; j += w) body(j, 0);
+  return j;
 }
 
 }  // namespace ember
