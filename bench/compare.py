@@ -2,7 +2,8 @@
 """Joins ember_bench and bench_torch.py JSON outputs into one Markdown table: workload, threads,
 Ember median, PyTorch median, ratio Ember/PyTorch (wall time), the same ratio of CPU time per step
 (robust when other processes share the cores), GFLOP/s of both for GEMM-bound workloads next to
-the plain sgemm rate at a comparable size, and each side's peak RSS.
+the plain sgemm rate at a comparable size, GB/s of both for bandwidth-bound ones (the bytes their
+tensor passes must move) next to the triad's, and each side's peak RSS.
 
     bench/compare.py DIR_OR_JSON...   (every *.json in a directory; files name their side)
     bench/compare.py --runs DIR...    (each directory one run of bench/run.sh: medians over
@@ -27,6 +28,8 @@ SGEMM_REF = {
     "transformer/C": "sgemm/1024x512x2048",
 }
 
+
+TRIAD = "bandwidth/triad a = b + s*c (2^22 floats)"
 
 RUN_TOTAL = "run/transformer_copy defaults, 20 epochs: whole run"
 RUN_TRAIN = "run/transformer_copy defaults, 20 epochs: training steps"
@@ -117,6 +120,10 @@ def gflops(r):
     return r["flops"] / r["median_s"] * 1e-9 if r and r.get("flops") else None
 
 
+def gbytes(r):
+    return r["bytes"] / r["median_s"] * 1e-9 if r and r.get("bytes") else None
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__)
@@ -133,7 +140,8 @@ def main(argv):
             names.append(n)
     print("| workload | threads | Ember median | PyTorch median | Ember/PyTorch "
           "| CPU/step Ember / PyTorch | CPU ratio "
-          "| GFLOP/s Ember / PyTorch / sgemm | max RSS MB Ember / PyTorch |"
+          "| GFLOP/s Ember / PyTorch / sgemm, or GB/s Ember / PyTorch / triad "
+          "| max RSS MB Ember / PyTorch |"
           + (" ratio of each run |" if per_run is not None else ""))
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if per_run is not None else ""))
     for name in names:
@@ -153,6 +161,10 @@ def main(argv):
                 ref_rate = gflops(rows.get((ref, t), {}).get("ember")) if ref else None
                 rate = " / ".join(f"{x:.1f}" if x else "-"
                                   for x in (gflops(e), gflops(p), ref_rate))
+            elif gbytes(e) or gbytes(p):
+                triad = gbytes(rows.get((TRIAD, t), {}).get("ember"))
+                rate = " / ".join(f"{x:.1f}" if x else "-" for x in (gbytes(e), gbytes(p), triad))
+                rate += " GB/s"
             rss = " / ".join(f"{r['max_rss_kb'] / 1024:.0f}" if r else "-" for r in (e, p))
             runs = ""
             if per_run is not None:

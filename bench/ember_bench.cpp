@@ -35,9 +35,13 @@ std::vector<Workload>& registry() {
 
 namespace {
 
-void add(std::string name, double flops, std::function<std::function<void()>(bool)> make) {
-  registry().push_back({std::move(name), flops, std::move(make)});
+void add(std::string name, double flops, std::function<std::function<void()>(bool)> make,
+         double bytes = 0) {
+  registry().push_back({std::move(name), flops, std::move(make), bytes});
 }
+
+// Bytes of `passes` passes over a Float32 tensor of `elements` (a read or a write each).
+constexpr double passes(int count, double elements) { return count * 4.0 * elements; }
 
 // A leaf of `shape` with values ~ U(-1, 1) that requires grad.
 Tensor leaf(const Shape& shape) { return (rand(shape) * 2 - 1).requires_grad_(); }
@@ -59,16 +63,43 @@ std::function<void()> forward_backward(std::vector<Tensor> inputs,
 // --- op level: forward + backward of the hot ops, and the per-op overhead
 
 void add_op_workloads() {
-  add("op/softmax (64,8,32,32) dim -1", 0, [](bool tiny) {
-    const Shape s = tiny ? Shape{2, 2, 4, 4} : Shape{64, 8, 32, 32};
-    return forward_backward(
-        {leaf(s)}, [](auto& v) { return softmax(v[0], -1); }, s);
-  });
-  add("op/layer_norm (1024,512)", 0, [](bool tiny) {
-    const int64_t m = tiny ? 4 : 1024, n = tiny ? 8 : 512;
-    return forward_backward({leaf({m, n}), ones({n}).requires_grad_(), zeros({n}).requires_grad_()},
-                            [n](auto& v) { return layer_norm(v[0], {n}, v[1], v[2]); }, {m, n});
-  });
+  // The memory bandwidth the rows below are held against (issue 17): STREAM's triad
+  // a = b + s·c, one pass (torch.add with alpha), 3 arrays of 16 MB, beyond the caches.
+  constexpr int64_t kTriad = int64_t{1} << 22;
+  add(
+      "bandwidth/triad a = b + s*c (2^22 floats)", 0,
+      [](bool tiny) {
+        Tensor b = rand({tiny ? 8 : kTriad}), c = rand({tiny ? 8 : kTriad});
+        return std::function<void()>([b, c] { (void)add(b, c, 3.0); });
+      },
+      passes(3, kTriad));
+  // Forward + backward passes: softmax and layer_norm read x and write y, then read dy and y
+  // (x) and write dx: 5; dropout (its mask regenerated, never stored) 4.
+  add(
+      "op/softmax (64,8,32,32) dim -1", 0,
+      [](bool tiny) {
+        const Shape s = tiny ? Shape{2, 2, 4, 4} : Shape{64, 8, 32, 32};
+        return forward_backward(
+            {leaf(s)}, [](auto& v) { return softmax(v[0], -1); }, s);
+      },
+      passes(5, 64 * 8 * 32 * 32));
+  add(
+      "op/layer_norm (1024,512)", 0,
+      [](bool tiny) {
+        const int64_t m = tiny ? 4 : 1024, n = tiny ? 8 : 512;
+        return forward_backward(
+            {leaf({m, n}), ones({n}).requires_grad_(), zeros({n}).requires_grad_()},
+            [n](auto& v) { return layer_norm(v[0], {n}, v[1], v[2]); }, {m, n});
+      },
+      passes(5, 1024 * 512));
+  add(
+      "op/dropout p=0.1 (1024,512)", 0,
+      [](bool tiny) {
+        const int64_t m = tiny ? 4 : 1024, n = tiny ? 8 : 512;
+        return forward_backward({leaf({m, n})}, [](auto& v) { return dropout(v[0], 0.1, true); },
+                                {m, n});
+      },
+      passes(4, 1024 * 512));
   // Forward m·n·k multiply-adds, backward twice that: 3 · 2mnk per matrix.
   add("op/bmm (256,32,64)x(256,64,32)", 3.0 * 2 * 256 * 32 * 64 * 32, [](bool tiny) {
     const int64_t b = tiny ? 2 : 256;
@@ -323,6 +354,7 @@ int main(int argc, char** argv) {
     const int64_t rss = max_rss_kb();
     std::string rate;
     if (w.flops > 0) rate = fmt::format("{:8.1f} GFLOP/s", w.flops / t.median_s * 1e-9);
+    if (w.bytes > 0) rate = fmt::format("{:8.1f} GB/s", w.bytes / t.median_s * 1e-9);
     std::cout << fmt::format(
                      "{:<44} median {:>11.3f} us  min {:>11.3f} us  cpu {:>11.3f} us  "
                      "({}x{})  {}\n",
@@ -336,6 +368,7 @@ int main(int argc, char** argv) {
                        {"samples", t.samples},
                        {"inner", t.inner},
                        {"flops", w.flops},
+                       {"bytes", w.bytes},
                        {"max_rss_kb", rss}});
   }
   if (!o.json.empty() && !o.list && !o.smoke) {

@@ -17,11 +17,13 @@ namespace ember::bench {
 
 // One benchmark: make(tiny) sets up its tensors and returns the step to time. `tiny` shrinks the
 // shapes for the --smoke run. flops: floating-point operations per step for GEMM-bound
-// workloads (0: not reported).
+// workloads; bytes: the bytes a step must move for bandwidth-bound ones, each tensor pass once
+// (0: not reported).
 struct Workload {
   std::string name;
   double flops = 0;
   std::function<std::function<void()>(bool tiny)> make;
+  double bytes = 0;
 };
 
 // Every workload, in the order they run; each family's file appends its own.

@@ -120,6 +120,50 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// c = a + alpha · b:  dA = dC,  dB = alpha · dC
+struct AddAlphaBackward final : Node {
+  explicit AddAlphaBackward(double alpha) : alpha_(alpha) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {grads[0], needs_grad(1) ? mul(grads[0], alpha_) : Tensor()};
+  }
+  double alpha_;
+};
+
+// a + alpha · b, one pass; sub is alpha negated (named `op` in errors and the graph).
+Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha, std::string_view op) {
+  check_defined(a, op);
+  check_defined(b, op);
+  const DType t = arith_type(a, b, Integral::Keep);
+  EMBER_CHECK(is_floating(t) || (t == kBool ? alpha == 1 : is_whole(alpha)),
+              "{}: alpha {} does not fit the {} result of {} and {} tensors (an integral "
+              "result needs a whole alpha, a Bool one alpha 1)",
+              op, op == "sub" ? -alpha : alpha, t, a.dtype(), b.dtype());
+  return arith<AddAlphaBackward>(
+      a, b, op, Integral::Keep,
+      [alpha]<class T>(T x, T y) {
+        if constexpr (std::is_same_v<T, bool>)
+          return bool(x || y);  // alpha 1
+        else if constexpr (std::is_same_v<T, int64_t>)
+          return wrapping_add(x, wrapping_mul(static_cast<int64_t>(alpha), y));
+        else
+          return static_cast<T>(x + static_cast<T>(alpha) * y);
+      },
+      alpha);
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  return add_scaled(a, b, alpha, "add");
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  if (a.defined() && b.defined()) check_not_bool(a, b, "sub");
+  return add_scaled(a, b, -alpha, "sub");
+}
+
+namespace {
+
 // c = a * b:  dA = dC * b,  dB = dC * a
 struct MulBackward final : Node {
   MulBackward(const Tensor& a, const Tensor& b) {

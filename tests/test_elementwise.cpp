@@ -20,6 +20,10 @@ const OpTable kElementwiseOps = {
     // binary, broadcasting
     {"add", "torch.add(a, b)", {{3, 4}, {3, 4}}, {}, [](auto& v) { return add(v[0], v[1]); }},
     {"sub", "torch.sub(a, b)", {{3, 4}, {3, 4}}, {}, [](auto& v) { return sub(v[0], v[1]); }},
+    {"add alpha broadcast", "torch.add(a, b, alpha=2.5)", {{3, 4}, {4}}, {},
+     [](auto& v) { return add(v[0], v[1], 2.5); }},
+    {"sub alpha", "torch.sub(a, b, alpha=-0.75)", {{2, 3}, {2, 3}}, {},
+     [](auto& v) { return v[0].sub(v[1], -0.75); }},
     {"mul", "torch.mul(a, b)", {{3, 4}, {3, 4}}, {}, [](auto& v) { return mul(v[0], v[1]); }},
     {"div", "a / b", {{3, 4}, {3, 4}}, {Real, Positive}, [](auto& v) { return v[0] / v[1]; }},
     {"add broadcast row", "a + b", {{3, 4}, {4}}, {}, [](auto& v) { return v[0] + v[1]; }},
@@ -144,6 +148,12 @@ BOOST_AUTO_TEST_CASE(dtypes_and_logic) {
   BOOST_TEST((mask.dtype() == kBool));
   BOOST_TEST(sum(mask).item<int64_t>() == 6);
   BOOST_TEST((eq(tensor({0.1f}), 0.1).item<bool>()));  // scalar cast to the tensor's dtype
+  // alpha as torch: integral results keep integral (a whole alpha), Bool's alpha 1 is `or`
+  BOOST_TEST((add(i, i, 3.0).to_vector<int64_t>() == std::vector<int64_t>{4, 8, 12}));
+  BOOST_TEST((sub(i, i, -2.0).to_vector<int64_t>() == std::vector<int64_t>{3, 6, 9}));
+  BOOST_TEST((add(i, tensor({1.0, 1.0, 1.0}), 0.5).to_vector<float>() ==
+              std::vector<float>{1.5, 2.5, 3.5}));
+  BOOST_TEST((add(a, b, 1.0).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1, 0}));
 }
 
 BOOST_AUTO_TEST_CASE(clamp_minimum_maximum_and_nan_tests) {
@@ -213,6 +223,11 @@ BOOST_AUTO_TEST_CASE(in_place) {
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { gelu(ones({2}), "fast"); }, {"gelu", "approximate", "fast"});
   expect_error([] { add(ones({2, 3}), ones({4, 5})); }, {"add", "[2, 3]", "[4, 5]"});
+  expect_error([] { add(ones({2}), ones({3}), 2.0); }, {"add", "[2]", "[3]"});
+  expect_error([] { add(ones({2}, kInt64), ones({2}, kInt64), 0.5); },
+               {"add", "alpha 0.5", "Int64", "whole"});
+  expect_error([] { sub(ones({2}, kInt64), ones({2}, kInt64), 1.5); }, {"sub", "alpha 1.5"});
+  expect_error([] { add(ones({2}, kBool), ones({2}, kBool), 2.0); }, {"add", "alpha 2", "Bool"});
   expect_error([] { clamp(ones({2}), std::nullopt, std::nullopt); }, {"clamp", "at least one"});
   expect_error([] { maximum(ones({2, 3}), ones({4})); }, {"maximum", "[2, 3]", "[4]"});
   expect_error([] { minimum(ones({2}), ones({3})); }, {"minimum", "[2]", "[3]"});

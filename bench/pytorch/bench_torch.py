@@ -25,14 +25,19 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WORKLOADS = []  # (name, flops, make(tiny) -> step)
+WORKLOADS = []  # (name, flops, make(tiny) -> step, bytes)
 
 
-def workload(name, flops=0.0):
+def workload(name, flops=0.0, bytes_=0.0):
     def register(make):
-        WORKLOADS.append((name, flops, make))
+        WORKLOADS.append((name, flops, make, bytes_))
         return make
     return register
+
+
+def passes(count, elements):
+    """Bytes of `count` passes over a Float32 tensor of `elements` (ember_bench's passes)."""
+    return count * 4.0 * elements
 
 
 def leaf(*shape):
@@ -52,18 +57,34 @@ def forward_backward(inputs, f, out_shape):
 
 # --- op level: forward + backward of the hot ops, and the per-op overhead
 
-@workload("op/softmax (64,8,32,32) dim -1")
+TRIAD = 1 << 22
+
+
+@workload("bandwidth/triad a = b + s*c (2^22 floats)", bytes_=passes(3, TRIAD))
+def _(tiny):
+    b, c = torch.rand(8 if tiny else TRIAD), torch.rand(8 if tiny else TRIAD)
+    return lambda: torch.add(b, c, alpha=3.0)
+
+
+@workload("op/softmax (64,8,32,32) dim -1", bytes_=passes(5, 64 * 8 * 32 * 32))
 def _(tiny):
     s = (2, 2, 4, 4) if tiny else (64, 8, 32, 32)
     return forward_backward([leaf(*s)], lambda v: torch.softmax(v[0], -1), s)
 
 
-@workload("op/layer_norm (1024,512)")
+@workload("op/layer_norm (1024,512)", bytes_=passes(5, 1024 * 512))
 def _(tiny):
     m, n = (4, 8) if tiny else (1024, 512)
     inputs = [leaf(m, n), torch.ones(n, requires_grad=True), torch.zeros(n, requires_grad=True)]
     return forward_backward(
         inputs, lambda v: nn.functional.layer_norm(v[0], (n,), v[1], v[2]), (m, n))
+
+
+@workload("op/dropout p=0.1 (1024,512)", bytes_=passes(4, 1024 * 512))
+def _(tiny):
+    m, n = (4, 8) if tiny else (1024, 512)
+    return forward_backward([leaf(m, n)], lambda v: nn.functional.dropout(v[0], 0.1, True),
+                            (m, n))
 
 
 @workload("op/bmm (256,32,64)x(256,64,32)", 3.0 * 2 * 256 * 32 * 64 * 32)
@@ -332,7 +353,7 @@ def main():
         return not a.filter or any(f in name for f in a.filter)
 
     results = []
-    for name, flops, make in WORKLOADS:
+    for name, flops, make, bytes_ in WORKLOADS:
         if not selected(name):
             continue
         if a.list:
@@ -351,11 +372,13 @@ def main():
         median, best, cpu, samples, inner = time_steps(step, a.time)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         rate = f"{flops / median * 1e-9:8.1f} GFLOP/s" if flops else ""
+        if bytes_:
+            rate = f"{bytes_ / median * 1e-9:8.1f} GB/s"
         print(f"{name:<44} median {median * 1e6:11.3f} us  min {best * 1e6:11.3f} us  "
               f"cpu {cpu * 1e6:11.3f} us  "
               f"({samples}x{inner})  {rate}", flush=True)
         results.append(dict(name=name, median_s=median, min_s=best, cpu_s=cpu, samples=samples,
-                            inner=inner, flops=flops, max_rss_kb=rss))
+                            inner=inner, flops=flops, bytes=bytes_, max_rss_kb=rss))
     if a.json and not a.list and not a.smoke:
         with open(a.json, "w") as f:
             json.dump(dict(side="pytorch", threads=a.threads, torch=torch.__version__,
