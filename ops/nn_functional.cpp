@@ -108,15 +108,18 @@ inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
 // (softmax_short_rows).
 constexpr int64_t kShortRow = 64, kShortRowBlock = 2048;
 
-// The max and the sum (in double) of a short row: in SIMD lanes from 16 elements on, below that
-// in four independent chains (one chain's latency, not the arithmetic, is what such a row
-// waits on; a SIMD loop would run in its scalar remainder).
+// The max, sum and dot product of contiguous rows: in lanes (Note [Lane sums]) from a vector's
+// width on, below that in four independent chains (one chain's latency, not the arithmetic, is
+// what such a row waits on; a SIMD loop would run in its scalar remainder).
 template <class T>
-T short_row_max(const T* x, int64_t n) {
-  if (n >= 16) {  // a vector or more: SIMD lanes instead of chains
-    T m = x[0];
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+EMBER_VEC_INLINE T row_max(const T* x, int64_t n) {
+  using L = Lanes<T>;
+  if (n >= L::kWidth) {
+    L acc(x[0]);
+    int64_t j = for_lanes<T>(
+        n, [&](int64_t j, int u) EMBER_VEC_LAMBDA { acc.v[u] = L::max(acc.v[u], L::load(x + j)); });
+    T m = acc.max_total();
+    for (; j < n; ++j) m = std::max(m, x[j]);
     return m;
   }
   T m[4] = {x[0], x[0], x[0], x[0]};
@@ -127,20 +130,30 @@ T short_row_max(const T* x, int64_t n) {
   return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
 }
 
+// Σ a[j] · b[j], or Σ a[j] when b is null.
 template <class T>
-double short_row_sum(const T* x, int64_t n) {
-  if (n >= 16) {
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < n; ++j) s += x[j];
+EMBER_VEC_INLINE T row_dot(const T* a, const T* b, int64_t n) {
+  using L = Lanes<T>;
+  if (n >= L::kWidth) {
+    L acc;
+    int64_t j = for_lanes<T>(n, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
+      acc.v[u] += b ? L::load(a + j) * L::load(b + j) : L::load(a + j);
+    });
+    T s = acc.total();
+    for (; j < n; ++j) s += b ? a[j] * b[j] : a[j];
     return s;
   }
-  double s[4] = {0, 0, 0, 0};
+  T s[4] = {0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 4 <= n; j += 4)
-    for (int l = 0; l < 4; ++l) s[l] += x[j + l];
-  for (; j < n; ++j) s[0] += x[j];
+    for (int l = 0; l < 4; ++l) s[l] += b ? a[j + l] * b[j + l] : a[j + l];
+  for (; j < n; ++j) s[0] += b ? a[j] * b[j] : a[j];
   return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+template <class T>
+EMBER_VEC_INLINE T row_sum(const T* x, int64_t n) {
+  return row_dot<T>(x, nullptr, n);
 }
 
 // Contiguous rows of n < kShortRow elements (attention over a few positions): the per-row loops
@@ -159,13 +172,13 @@ void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
           const T* xb = x + b * n;
           T* yb = y + b * n;
           for (int64_t at = 0; at < len; at += n) {
-            const T m = short_row_max(xb + at, n);
+            const T m = row_max(xb + at, n);
             for (int64_t j = 0; j < n; ++j) yb[at + j] = xb[at + j] - m;
           }
           T* e = Log ? exps : yb;
           for (int64_t i = 0; i < len; ++i) e[i] = vexp(yb[i]);
           for (int64_t at = 0; at < len; at += n) {
-            const double s = short_row_sum(e + at, n);
+            const T s = row_sum(e + at, n);
             if constexpr (Log) {
               const T log_s = static_cast<T>(std::log(s));
               for (int64_t j = 0; j < n; ++j) yb[at + j] -= log_s;
@@ -179,6 +192,25 @@ void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
       row_grain(n));
 }
 
+// softmax_row on a contiguous row, pass by pass: the max and the sum in lanes, the exponentials
+// (written to y, then scaled or replaced) as a loop of their own.
+template <bool Log, class T>
+void softmax_contiguous_row(const T* x, T* y, int64_t n) {
+  const T m = row_max(x, n);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = vexp(x[j] - m);
+  const T s = row_sum(y, n);
+  if constexpr (Log) {
+    const T log_s = std::log(s);  // kept apart from m: m + log_s may round
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - m) - log_s;
+  } else {
+    const T inv = T(1) / s;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+  }
+}
+
 // x and y share a shape; xr and yr are their rows along the softmax dim.
 template <bool Log, class T>
 void softmax_forward(const T* x, const Rows& xr, T* y, const Rows& yr) {
@@ -189,7 +221,7 @@ void softmax_forward(const T* x, const Rows& xr, T* y, const Rows& yr) {
   }
   for_each_row(xr, [&](int64_t r) {
     if (sx == 1 && sy == 1)  // the fast path: contiguous rows along the last dim
-      softmax_row<Log>(x + xr.start(r), 1, y + yr.start(r), 1, n);
+      softmax_contiguous_row<Log>(x + xr.start(r), y + yr.start(r), n);
     else
       softmax_row<Log>(x + xr.start(r), sx, y + yr.start(r), sy, n);
   });
@@ -216,6 +248,20 @@ inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64
   }
 }
 
+// softmax_backward_row on contiguous rows, the sum in lanes.
+template <bool Log, class T>
+void softmax_backward_contiguous_row(const T* g, const T* y, T* dx, int64_t n) {
+  if constexpr (Log) {
+    const T sum = row_sum(g, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dx[j] = g[j] - vexp(y[j]) * sum;
+  } else {
+    const T dot = row_dot(g, y, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dx[j] = y[j] * (g[j] - dot);
+  }
+}
+
 // y = softmax(x) or log_softmax(x) along dim_; saves the output y as data (Note [Saved outputs]).
 //   softmax:      dX = y * (dY - Σ_dim dY * y)
 //   log_softmax:  dX = dY - exp(y) * Σ_dim dY
@@ -235,7 +281,7 @@ struct SoftmaxBackward final : Node {
       for_each_row(rows, [&](int64_t r) {
         const int64_t at = rows.start(r);
         if (s == 1)
-          softmax_backward_row<Log>(pg + at, py + at, px + at, 1, n);
+          softmax_backward_contiguous_row<Log>(pg + at, py + at, px + at, n);
         else
           softmax_backward_row<Log>(pg + at, py + at, px + at, s, n);
       });
@@ -718,8 +764,8 @@ void attention_block(T* p, int64_t begin, int64_t end, int64_t L, int64_t S, T s
         std::fill(x, x + S, std::numeric_limits<T>::quiet_NaN());
         continue;
       }
-      const double sum = short_row_sum(x, S);
-      const T inv = sum > 0 ? static_cast<T>(1.0 / sum) : T(0);
+      const T sum = row_sum(x, S);
+      const T inv = sum > 0 ? T(1) / sum : T(0);
 #pragma omp simd
       for (int64_t j = 0; j < S; ++j) x[j] *= inv;
     }

@@ -147,7 +147,7 @@ EMBER_VEC_INLINE float vexp(float x) {
   const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(round_magic);
   const float r = (xc - fn * 0.693359375f) + fn * 2.12194440e-4f;
   const float p = vec_detail::fmadd(r * r, vec_detail::horner(r, C::exp), r + 1.0f);
-  const int32_t n1 = n / 2, n2 = n - n1;
+  const int32_t n1 = n >> 1, n2 = n - n1;  // floor(n / 2): one shift
   const float y =
       p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
   const float below = x < lo ? 0.0f : y;
@@ -166,7 +166,7 @@ EMBER_VEC_INLINE double vexp(double x) {
   const int64_t n = std::bit_cast<int64_t>(t) - std::bit_cast<int64_t>(round_magic);
   const double r = fmadd(fn, -C::ln2_lo, fmadd(fn, -C::ln2_hi, xc));
   const double p = vec_detail::horner(r, C::exp_all);
-  const int64_t n1 = n / 2, n2 = n - n1;
+  const int64_t n1 = n >> 1, n2 = n - n1;
   const double y =
       p * std::bit_cast<double>((n1 + 1023) << 52) * std::bit_cast<double>((n2 + 1023) << 52);
   const double below = x < lo ? 0.0 : y;
@@ -282,16 +282,42 @@ struct Lanes {
   static constexpr int64_t kWidth = 64 / sizeof(T);
   static constexpr int kWays = 4;
   V v[kWays] = {};
+
+  Lanes() = default;
+  explicit Lanes(T fill) {  // every lane `fill` (a max's start)
+    for (V& x : v) x = V{} + fill;
+  }
   EMBER_VEC_INLINE static V load(const T* p) {
     V r;
     std::memcpy(&r, p, sizeof r);
     return r;
   }
+  EMBER_VEC_INLINE static V max(V a, V b) { return a > b ? a : b; }
+  // The sum (max) of every lane: vectors, then halves, then the last few scalars.
   EMBER_VEC_INLINE T total() const {
-    const V all = (v[0] + v[1]) + (v[2] + v[3]);
-    T s = 0;
-    for (int64_t l = 0; l < kWidth; ++l) s += all[l];
-    return s;
+    return reduce((v[0] + v[1]) + (v[2] + v[3]), [](auto a, auto b) { return a + b; });
+  }
+  EMBER_VEC_INLINE T max_total() const {
+    const auto op = [](auto a, auto b) { return a > b ? a : b; };
+    return reduce(op(op(v[0], v[1]), op(v[2], v[3])), op);
+  }
+
+ private:
+  template <class Op>
+  EMBER_VEC_INLINE static T reduce(const V& all, Op op) {
+    using H [[gnu::vector_size(32)]] = T;
+    using Q [[gnu::vector_size(16)]] = T;
+    H lo, hi;
+    std::memcpy(&lo, &all, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&all) + sizeof lo, sizeof hi);
+    const H h = op(lo, hi);
+    Q ql, qh;
+    std::memcpy(&ql, &h, sizeof ql);
+    std::memcpy(&qh, reinterpret_cast<const char*>(&h) + sizeof ql, sizeof qh);
+    const Q q = op(ql, qh);
+    T r = q[0];
+    for (size_t l = 1; l < sizeof(Q) / sizeof(T); ++l) r = op(r, q[l]);
+    return r;
   }
 };
 

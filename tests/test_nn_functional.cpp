@@ -183,9 +183,9 @@ BOOST_AUTO_TEST_CASE(softmax_extremes_stay_finite) {
 BOOST_AUTO_TEST_CASE(softmax_short_and_long_rows_agree) {
   // Contiguous rows shorter than 64 go block by block, longer and strided ones row by row: both
   // paths (dim -1 of x, dim 0 of its transpose) must give the same values, Float32 and Float64,
-  // with rows spanning several blocks and odd lengths.
+  // with rows spanning several blocks and odd lengths (lane sums from 16, four ways from 64).
   for (DType dt : {kFloat32, kFloat64})
-    for (int64_t n : {1, 3, 10, 32, 63, 64, 100}) {
+    for (int64_t n : {1, 3, 10, 16, 17, 32, 63, 64, 100, 1000}) {
       const Tensor x = randn({301, n}, dt) * 4;
       const std::string what = fmt::format("{} rows of {}", dt, n);
       expect_close(softmax(x, -1), softmax(x.transpose(0, 1), 0).transpose(0, 1), 1e-6, 1e-7,
