@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 #include <cblas.h>
 #include <omp.h>
@@ -19,6 +21,7 @@
 #include "ops/common.h"
 #include "ops/gemm_bf16.h"
 #include "ops/reduce.h"
+#include "ops/vec_math.h"
 
 namespace ember {
 
@@ -218,12 +221,92 @@ void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T>
   }
 }
 
-// Whether the plain loop runs a product: tiny ones, and matrix-vector ones (a row or a column
-// out) up to kSmallGemvWork, where a BLAS gemm call costs more than the memory-bound loop.
+// Note [Narrow products]
+// C with at most four vectors' worth of columns (64 floats, 32 doubles) and little work: the
+// products of attention over short sequences (10 x 16 by 16 x 10, a batch of hundreds of them).
+// A BLAS call packs both operands into its tile layout and runs edge kernels over most of such a
+// C, ~200 ns of fixed cost per product. Here B is copied once into rows of NV whole vectors
+// (zero-padded, any layout read through its strides) and blocks of four rows of C are summed in
+// registers, A's elements broadcast: no edges, no packing of A.
+template <class T, int NV>
+void narrow_gemm_nv(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a, const T* bp,
+                    T beta, StridedMatrix<T> c) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  constexpr int64_t W = L::kWidth, NP = NV * W;
+  constexpr int MR = 4;
+  for (int64_t i = 0; i < m; i += MR) {
+    const int64_t rows = std::min<int64_t>(MR, m - i);
+    const T* ar[MR];
+    for (int r = 0; r < MR; ++r) ar[r] = a.p + std::min(i + r, m - 1) * a.rs;  // past m: reread
+    V acc[MR][NV] = {};
+    for (int64_t l = 0; l < k; ++l) {
+      V bv[NV];
+      for (int u = 0; u < NV; ++u) bv[u] = L::load(bp + l * NP + u * W);
+      for (int r = 0; r < MR; ++r) {
+        const T s = ar[r][l * a.cs];
+        for (int u = 0; u < NV; ++u) acc[r][u] += s * bv[u];
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      T row[NP];
+      std::memcpy(row, acc[r], sizeof row);
+      T* cr = c.p + (i + r) * c.rs;
+      for (int64_t j = 0; j < n; ++j) {
+        T& out = cr[j * c.cs];
+        out = beta == T(0) ? alpha * row[j] : alpha * row[j] + beta * out;
+      }
+    }
+  }
+}
+
+template <class T>
+constexpr int64_t kNarrowColumns = 4 * Lanes<T>::kWidth;
+constexpr int64_t kNarrowWork = 1 << 14;  // m·n·k up to which a narrow product skips BLAS
+
+template <class T>
+void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+                 StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  constexpr int64_t W = Lanes<T>::kWidth;
+  const int64_t nv = (n + W - 1) / W, np = nv * W;
+  thread_local std::vector<T> packed;
+  packed.assign(static_cast<size_t>(k * np), T(0));
+  for (int64_t l = 0; l < k; ++l)
+    for (int64_t j = 0; j < n; ++j) packed[l * np + j] = b.p[l * b.rs + j * b.cs];
+  const T* bp = packed.data();
+  switch (nv) {
+    case 1:
+      return narrow_gemm_nv<T, 1>(m, n, k, alpha, a, bp, beta, c);
+    case 2:
+      return narrow_gemm_nv<T, 2>(m, n, k, alpha, a, bp, beta, c);
+    case 3:
+      return narrow_gemm_nv<T, 3>(m, n, k, alpha, a, bp, beta, c);
+    default:
+      return narrow_gemm_nv<T, 4>(m, n, k, alpha, a, bp, beta, c);
+  }
+}
+
+// The loops below BLAS: tiny products, and matrix-vector ones (a row or a column out) up to
+// kSmallGemvWork, where a BLAS gemm call costs more than the memory-bound loop, take small_gemm;
+// narrow ones (Note [Narrow products]) narrow_gemm.
+enum class Loop { None, Small, Narrow };
 constexpr int64_t kSmallGemvWork = 65536;
-bool use_small_gemm(int64_t m, int64_t n, int64_t k) {
+template <class T>
+Loop product_loop(int64_t m, int64_t n, int64_t k) {
   const int64_t work = m * n * k;
-  return work <= kSmallGemmWork || (std::min(m, n) == 1 && work <= kSmallGemvWork);
+  if (work <= kSmallGemmWork || (std::min(m, n) == 1 && work <= kSmallGemvWork)) return Loop::Small;
+  if (n <= kNarrowColumns<T> && work <= kNarrowWork) return Loop::Narrow;
+  return Loop::None;
+}
+
+// One product through the loop `loop` chose.
+template <class T>
+void loop_gemm(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+               StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  if (loop == Loop::Small)
+    small_gemm<T>(m, n, k, alpha, a, b, beta, c);
+  else
+    narrow_gemm<T>(m, n, k, alpha, a, b, beta, c);
 }
 
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
@@ -232,8 +315,9 @@ template <class T>
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
-  if (use_small_gemm(m, n, k)) {
-    small_gemm<T>(m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta, strided<T>(c));
+  if (const Loop loop = product_loop<T>(m, n, k); loop != Loop::None) {
+    loop_gemm<T>(loop, m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta,
+                 strided<T>(c));
     return;
   }
   const Operand oa = blas_operand(a), ob = blas_operand(b);
@@ -275,7 +359,8 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1), work = m * n * k;
   const Shape batch(out.shape().begin(), out.shape().end() - 2);
-  const bool small = use_small_gemm(m, n, k);  // the loop reads any strides, BLAS needs copies
+  const Loop loop = product_loop<T>(m, n, k);
+  const bool small = loop != Loop::None;  // the loops read any strides, BLAS needs copies
   const Operand oa = small ? Operand{a, {}} : blas_operand(a);
   const Operand ob = small ? Operand{b, {}} : blas_operand(b);
   const std::vector<int64_t> off_a = batch_offsets(oa.t, batch), off_b = batch_offsets(ob.t, batch);
@@ -288,8 +373,8 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (small) {
-        small_gemm<T>(m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs},
-                      {sb.p + off_b[i], sb.rs, sb.cs}, T(0), {pc + i * m * n, n, 1});
+        loop_gemm<T>(loop, m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs},
+                     {sb.p + off_b[i], sb.rs, sb.cs}, T(0), {pc + i * m * n, n, 1});
       } else {
         blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
                      pc + i * m * n, n);

@@ -20,9 +20,10 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha = 1.0,
 // their backwards) computes. "highest" (the default) and "high": in Float32, as OpenBLAS's
 // sgemm. "medium": each operand rounded to bfloat16 (to nearest even), products and sums in
 // Float32, the result Float32 (ops/gemm_bf16.cpp); where the CPU lacks AVX512-BF16 it computes
-// as "highest" (float32_matmul_uses_bfloat16() says which). Tiny products (m·n·k <= 512, and
-// matrix-vector ones) stay Float32. Weights, gradients and optimizer state are untouched: mixed
-// precision with Float32 master weights. Any other string throws.
+// as "highest" (float32_matmul_uses_bfloat16() says which). The products below BLAS stay
+// Float32: tiny ones (m·n·k <= 512), matrix-vector ones, and narrow ones (at most 64 columns and
+// 16,384 multiply-adds: attention over short sequences). Weights, gradients and optimizer state are
+// untouched: mixed precision with Float32 master weights. Any other string throws.
 void set_float32_matmul_precision(const std::string& precision);
 std::string get_float32_matmul_precision();
 // Whether Float32 products now round to bfloat16: "medium" on a CPU that has AVX512-BF16.

@@ -240,6 +240,7 @@ BOOST_AUTO_TEST_CASE(plain_loop_layouts_match_reference) {
   // The plain loop (tiny products, and matrix-vector ones up to 65536 multiply-adds) has a dot
   // form (a's rows and b's columns contiguous), a row form (b's rows contiguous) and a general
   // one; each with alpha and beta, and matrix-vector products on both sides of the BLAS limit.
+  // Then the narrow products' loop.
   manual_seed(8);
   const auto check = [](const Tensor& a, const Tensor& b, const std::string& what) {
     const Tensor c0 = randn({a.size(0), b.size(1)}, kFloat64);
@@ -262,6 +263,28 @@ BOOST_AUTO_TEST_CASE(plain_loop_layouts_match_reference) {
     check(a, bt, "dot form " + size);
     check(at, b, "row form " + size);
     check(at, bt, "general " + size);
+  }
+  // Narrow products (Note [Narrow products]): C of up to four vectors of columns, any operand
+  // layout, rows past a block of four, k = 1; Float64's vectors hold 8, Float32's 16.
+  for (const auto& [m, k, n] : {std::tuple{10, 16, 8}, std::tuple{13, 7, 9}, std::tuple{5, 30, 17},
+                                std::tuple{9, 40, 32}, std::tuple{21, 1, 24}}) {
+    const std::string size = fmt::format("narrow ({}, {}) x ({}, {})", m, k, k, n);
+    const Tensor a = randn({m, k}, kFloat64), at = randn({k, m}, kFloat64).transpose(0, 1);
+    const Tensor b = randn({k, n}, kFloat64), bt = randn({n, k}, kFloat64).transpose(0, 1);
+    check(a, b, size + ", rows");
+    check(a, bt, size + ", dot");
+    check(at, bt, size + ", general");
+  }
+  for (const auto& [m, k, n] : {std::tuple{10, 16, 16}, std::tuple{6, 33, 17},
+                                std::tuple{11, 20, 49}, std::tuple{4, 64, 64}}) {
+    const std::string size = fmt::format("Float32 narrow ({}, {}) x ({}, {})", m, k, k, n);
+    const Tensor a = randn({m, k}), bt = randn({n, k}).transpose(0, 1);
+    expect_close(matmul(a, bt).to(kFloat64), reference_matmul(a.to(kFloat64), bt.to(kFloat64)),
+                 1e-5, 1e-5, size);
+    const Tensor batch = randn({3, m, k}), other = randn({3, k, n});
+    expect_close(bmm(batch, other).to(kFloat64),
+                 reference_matmul(batch.to(kFloat64), other.to(kFloat64)), 1e-5, 1e-5,
+                 size + ", batched");
   }
   // Batched dot products, as attention pooling: (n, 1, k) x (n, k, 1), and their gradients
   // (outer products).
@@ -370,9 +393,10 @@ BOOST_AUTO_TEST_CASE(medium_precision_rounds_operands_to_bfloat16) {
   BOOST_TEST(get_float32_matmul_precision() == "medium");
   manual_seed(11);
   // Both operand layouts of each side; sizes with edges in every block of the kernel (rows past a
-  // 12-row strip and a 96-row block, columns past a 32-column strip and a 512-column block, k
+  // 12-row strip and a 96-row block, columns past a 32-column strip and a 512-column block (and
+  // past the narrow products that stay Float32, Note [Narrow products]), k
   // odd and past a 256 block), alpha and beta, a column-major output, one and two threads.
-  for (const auto& [m, k, n] : {std::tuple{13, 7, 33}, std::tuple{200, 301, 70},
+  for (const auto& [m, k, n] : {std::tuple{13, 7, 70}, std::tuple{200, 301, 70},
                                 std::tuple{20, 300, 530}, std::tuple{96, 64, 32}}) {
     for (int layout = 0; layout < 4; ++layout) {
       const Tensor a = layout & 1 ? randn({k, m}).transpose(0, 1) : randn({m, k});
