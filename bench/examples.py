@@ -95,6 +95,8 @@ def main():
                     help="also Ember with --matmul-precision medium and each PyTorch with "
                          "--autocast (bfloat16 products)")
     ap.add_argument("--only", default="", help="run the workloads whose name contains this")
+    ap.add_argument("--policies", nargs="+", default=["default", "PASSIVE"],
+                    help="OpenMP wait policies tried from 2 threads on")
     ap.add_argument("--json", default="", help="write every run's figure here")
     a = ap.parse_args()
     pythons = a.torch_python or ["/usr/bin/python3"]
@@ -114,7 +116,7 @@ def main():
             env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                        OPENBLAS_NUM_THREADS=str(threads), EMBER_NUM_THREADS=str(threads))
             env.pop("OMP_WAIT_POLICY", None)
-            policies = ["default", "PASSIVE"] if threads >= 2 else ["default"]
+            policies = a.policies if threads >= 2 else ["default"]
             for workload, (make, unit, _) in WORKLOADS.items():
                 if a.only not in workload:
                     continue
