@@ -197,10 +197,11 @@ struct DivBackward final : Node {
     const Tensor& g = grads[0];
     Tensor grad_b;
     if (needs_grad(1)) {
+      // The operands in the result's dtype (Float32 / Float64 computes in Float64)
+      const Tensor a = as_type(a_.get(), g.dtype()), b = as_type(b_.get(), g.dtype());
       dispatch_float(g.dtype(), op(), [&]<class T>() {
         grad_b = empty(g.shape(), g.dtype());
-        ternary_into<T, T, T, T>(g, a_.get(), b_.get(), grad_b,
-                                 [](T dc, T a, T b) { return -dc * a / (b * b); });
+        ternary_into<T, T, T, T>(g, a, b, grad_b, [](T dc, T a, T b) { return -dc * a / (b * b); });
       });
     }
     return {needs_grad(0) ? div(g, b_.get()) : Tensor(), grad_b};

@@ -205,6 +205,30 @@ BOOST_AUTO_TEST_CASE(clamp_minimum_maximum_and_nan_tests) {
   BOOST_TEST((isfinite(tensor({1}, kBool)).to_vector<int64_t>() == std::vector<int64_t>{1}));
 }
 
+BOOST_AUTO_TEST_CASE(mixed_dtype_gradients) {
+  // Float32 with Float64 computes in Float64; each gradient comes back in its input's dtype, with
+  // the values of the all-Float64 computation (DivBackward read its saved operands in the
+  // result's dtype only since session 9: Float32 / Float64 threw in backward).
+  manual_seed(3);
+  const Tensor x0 = randn({2, 3}), y0 = randn({3}, kFloat64) + 3.0;
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>
+      ops = {{"add", [](auto& a, auto& b) { return add(a, b, 2.0); }},
+             {"sub", [](auto& a, auto& b) { return a - b; }},
+             {"mul", [](auto& a, auto& b) { return a * b; }},
+             {"div", [](auto& a, auto& b) { return a / b; }},
+             {"div reversed", [](auto& a, auto& b) { return b / (a + 5.0); }}};
+  for (const auto& [name, f] : ops) {
+    Tensor x = x0.clone().requires_grad_(), y = y0.clone().requires_grad_();
+    Tensor x64 = x0.to(kFloat64).requires_grad_(), y64 = y0.clone().requires_grad_();
+    f(x, y).sum().backward();
+    f(x64, y64).sum().backward();
+    BOOST_TEST((x.grad().dtype() == kFloat32), name);
+    BOOST_TEST((y.grad().dtype() == kFloat64), name);
+    expect_close(x.grad().to(kFloat64), x64.grad(), 1e-6, 1e-6, name + " dx");
+    expect_close(y.grad(), y64.grad(), 1e-6, 1e-6, name + " dy");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(in_place) {
   Tensor x = ones({2, 3});
   x.add_(tensor({1, 2, 3})).mul_(2.0);
