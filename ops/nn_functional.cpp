@@ -87,14 +87,14 @@ inline void softmax_row(const T* x, int64_t sx, T* y, int64_t sy, int64_t n) {
   double s = 0;
   if constexpr (Log) {
 #pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < n; ++j) s += vexp(x[j * sx] - m);
+    for (int64_t j = 0; j < n; ++j) s += vexp_nonpositive(x[j * sx] - m);
     const T log_s = static_cast<T>(std::log(s));  // kept apart from m: m + log_s may round
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) y[j * sy] = (x[j * sx] - m) - log_s;
   } else {
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < n; ++j) {
-      const T e = vexp(x[j * sx] - m);
+      const T e = vexp_nonpositive(x[j * sx] - m);
       y[j * sy] = e;
       s += e;
     }
@@ -176,7 +176,7 @@ void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
             for (int64_t j = 0; j < n; ++j) yb[at + j] = xb[at + j] - m;
           }
           T* e = Log ? exps : yb;
-          for (int64_t i = 0; i < len; ++i) e[i] = vexp(yb[i]);
+          for (int64_t i = 0; i < len; ++i) e[i] = vexp_nonpositive(yb[i]);
           for (int64_t at = 0; at < len; at += n) {
             const T s = row_sum(e + at, n);
             if constexpr (Log) {
@@ -198,7 +198,7 @@ template <bool Log, class T>
 void softmax_contiguous_row(const T* x, T* y, int64_t n) {
   const T m = row_max(x, n);
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) y[j] = vexp(x[j] - m);
+  for (int64_t j = 0; j < n; ++j) y[j] = vexp_nonpositive(x[j] - m);
   const T s = row_sum(y, n);
   if constexpr (Log) {
     const T log_s = std::log(s);  // kept apart from m: m + log_s may round
@@ -238,7 +238,7 @@ inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64
     for (int64_t j = 0; j < n; ++j) acc += g[j * s];
     const T sum = static_cast<T>(acc);
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) dx[j * s] = g[j * s] - vexp(y[j * s]) * sum;
+    for (int64_t j = 0; j < n; ++j) dx[j * s] = g[j * s] - vexp_nonpositive(y[j * s]) * sum;
   } else {
 #pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < n; ++j) acc += g[j * s] * y[j * s];
@@ -254,7 +254,7 @@ void softmax_backward_contiguous_row(const T* g, const T* y, T* dx, int64_t n) {
   if constexpr (Log) {
     const T sum = row_sum(g, n);
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) dx[j] = g[j] - vexp(y[j]) * sum;
+    for (int64_t j = 0; j < n; ++j) dx[j] = g[j] - vexp_nonpositive(y[j]) * sum;
   } else {
     const T dot = row_dot(g, y, n);
 #pragma omp simd
@@ -757,7 +757,7 @@ void attention_block(T* p, int64_t begin, int64_t end, int64_t L, int64_t S, T s
     }
     const int64_t len = rows * S;
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) xb[i] = vexp(xb[i]);
+    for (int64_t i = 0; i < len; ++i) xb[i] = vexp_nonpositive(xb[i]);
     for (int64_t i = 0; i < rows; ++i) {
       T* x = xb + i * S;
       if (nan_row[i]) {

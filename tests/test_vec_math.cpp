@@ -5,6 +5,7 @@
 // overflow, underflow and denormal results).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "ops/vec_math.h"
 #include "tests/helpers.h"
 
 using namespace ember;
@@ -147,6 +149,31 @@ BOOST_AUTO_TEST_CASE(float64_accuracy) { check_accuracy<double>(4); }
 BOOST_AUTO_TEST_CASE(special_values) {
   check_special_values<float>();
   check_special_values<double>();
+}
+
+// vexp_nonpositive is vexp with the scale built in one exponent: bit for bit the same on x <= 0,
+// denormal results, -0, -inf and NaN included (every Float32 step of 2^-10 down to past the
+// smallest denormal's log, and a walk of Float64's range); a positive x is taken as 0.
+template <class T>
+void check_nonpositive_exp(T lowest, T step) {
+  int64_t checked = 0;
+  for (T x = T(0); x > lowest; x -= step, ++checked) {
+    const T a = vexp(x), b = vexp_nonpositive(x);
+    if (std::memcmp(&a, &b, sizeof a) != 0) {
+      BOOST_ERROR("vexp_nonpositive(" << x << ") = " << b << ", vexp " << a);
+      return;
+    }
+  }
+  BOOST_TEST(checked > 100000);
+  BOOST_TEST(vexp_nonpositive(T(-0.0)) == T(1));
+  BOOST_TEST(vexp_nonpositive(-std::numeric_limits<T>::infinity()) == T(0));
+  BOOST_TEST(std::isnan(vexp_nonpositive(std::numeric_limits<T>::quiet_NaN())));
+  BOOST_TEST(vexp_nonpositive(T(3)) == T(1));
+}
+
+BOOST_AUTO_TEST_CASE(nonpositive_exp_equals_exp) {
+  check_nonpositive_exp<float>(-110.0f, 0x1p-10f);
+  check_nonpositive_exp<double>(-760.0, 0.00123);
 }
 
 // Non-contiguous inputs take the strided loop, contiguous ones the vectorised one: the same
