@@ -90,15 +90,13 @@ struct Coefficients<float> {
   // tanh x = x + x z P(z), z = x², |x| < 0.625: max relative error of P 1.25e-7.
   static constexpr std::array<float, 5> tanh = {-3.33333292e-1f, 1.33327913e-1f, -5.38534283e-2f,
                                                 2.10071306e-2f, -6.10936881e-3f};
-  // erf z = z P(z²), |z| < 1: max relative error 1.18e-9.
-  static constexpr std::array<float, 7> erf = {1.12837917f,     -3.7612626e-1f, 1.1283587e-1f,
-                                               -2.68538919e-2f, 5.18849554e-3f, -8.01184531e-4f,
-                                               7.85993002e-5f};
-  // erfc z = exp(-z²) Q(t), t = 1/(1 + p z), 0.5 <= z <= 10 (beyond, exp(-z²) is 0): 1.28e-9.
+  // Φ takes erfc everywhere (Q's terms sum to at most 2 Q: no cancellation worth a branch).
+  static constexpr bool kErfNearZero = false;
+  // erfc z = exp(-z²) Q(t), t = 1/(1 + p z), 0 <= z <= 10 (beyond, exp(-z²) is 0): 2.91e-8.
   static constexpr float erfc_p = 0.5f, erfc_zero = 11.0f;
   static constexpr std::array<float, 10> erfc = {
-      3.82831843e-6f,  2.81977279e-1f, 2.83671721e-1f, 2.34665663e-1f, 2.35945939e-1f,
-      -1.09251839e-1f, 4.07987986e-1f, -6.1242717e-1f, 3.52005782e-1f, -7.45872276e-2f};
+      -5.33033652e-6f, 2.82205151e-1f, 2.81261655e-1f,  2.48884106e-1f, 1.84345097e-1f,
+      1.03898288e-2f,  2.30390753e-1f, -4.49272196e-1f, 2.67606424e-1f, -5.58055304e-2f};
 };
 
 template <>
@@ -114,6 +112,9 @@ struct Coefficients<double> {
       -3.3333333333333323e-1, 1.3333333333326733e-1, -5.3968253961466109e-2, 2.1869488263041407e-2,
       -8.863229874351515e-3,  3.5920594129431595e-3, -1.4553119634258158e-3, 5.8744741076961612e-4,
       -2.3079941881946555e-4, 7.962911475782057e-5,  -1.7260815616877731e-5};
+  // Φ takes erf z = z P(z²) for -0.5 < z < 1, erfc beyond: one erfc fit from z = 0 would cancel
+  // in Q near 0 (its terms sum to 15 times Q there: ~12 ulp).
+  static constexpr bool kErfNearZero = true;
   // erf z = z P(z²), |z| < 1: max relative error 1.27e-19.
   static constexpr std::array<double, 13> erf = {
       1.1283791670955126,    -3.7612638903183748e-1, 1.1283791670954859e-1, -2.6866170645073069e-2,
@@ -268,9 +269,10 @@ struct NormalCdfPdf {
   T cdf, pdf;
 };
 
-// Φ(x) = (1 + erf(x/√2)) / 2. -0.5 < z < 1: erf z = z P(z²) (1/2 + erf/2 loses at most a bit);
-// else erfc|z| = exp(-z²) Q(1/(1 + p|z|)) and Φ = 1 - erfc/2 or erfc/2, with no cancellation in
-// the lower tail. φ(x) = exp(-z²) / √(2π), the same exp.
+// Φ(x) = erfc(-x/√2) / 2: erfc|z| = exp(-z²) Q(1/(1 + p|z|)) and Φ = 1 - erfc/2 or erfc/2, with
+// no cancellation in the lower tail; in Float64 -0.5 < z < 1 takes erf z = z P(z²) instead
+// (Coefficients::kErfNearZero; 1/2 + erf/2 loses at most a bit). Float32 has no such branch: one
+// polynomial less per element. φ(x) = exp(-z²) / √(2π), the same exp.
 // z² is x²/2 (exact but for x²'s rounding, which an FMA gives back: exp(-(z² + e)) ≈ exp(-z²)
 // (1 - e)); rounding z = x/√2 before squaring would cost ~z² ulp in the tail.
 template <class T>
@@ -279,7 +281,6 @@ EMBER_VEC_INLINE NormalCdfPdf<T> vnormal_cdf_pdf(T x) {
   using vec_detail::fmadd;
   const T z = x * static_cast<T>(M_SQRT1_2);
   const T a = std::abs(z), x2 = x * x, a2 = T(0.5) * x2;  // z² from x: z's rounding not squared
-  const T small = fmadd(T(0.5) * z, vec_detail::horner(a2, C::erf), T(0.5));
   const T t = T(1) / fmadd(C::erfc_p, a, T(1));
   T e = vexp_nonpositive(-a2);
 #ifdef __FMA__
@@ -289,8 +290,14 @@ EMBER_VEC_INLINE NormalCdfPdf<T> vnormal_cdf_pdf(T x) {
   // e NaN).
   e = a < C::erfc_zero ? e : T(0);
   const T half_erfc = T(0.5) * e * vec_detail::horner(t, C::erfc);
-  const T large = z > T(0) ? T(1) - half_erfc : half_erfc;
-  return {z > T(-0.5) && z < T(1) ? small : large, e * static_cast<T>(0.3989422804014327)};
+  const T cdf = z > T(0) ? T(1) - half_erfc : half_erfc;
+  const T pdf = e * static_cast<T>(0.3989422804014327);
+  if constexpr (C::kErfNearZero) {
+    const T small = fmadd(T(0.5) * z, vec_detail::horner(a2, C::erf), T(0.5));
+    return {z > T(-0.5) && z < T(1) ? small : cdf, pdf};
+  } else {
+    return {cdf, pdf};
+  }
 }
 
 template <class T>

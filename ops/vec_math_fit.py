@@ -44,15 +44,17 @@ def show(name, ctype, worst, c):
 
 tiny = mp.mpf("1e-30")
 tanh_p = lambda x: (mp.tanh(x) / x - 1) / (x * x)   # tanh x = x + x z P(z), z = x^2
-erf_p = lambda z: mp.erf(z) / z                      # erf z = z P(z^2)
+erf_p = lambda z: mp.erf(z) / z                      # erf z = z P(z^2) (Float64 only)
 erfc_q = lambda z: mp.erfc(z) * mp.exp(z * z)         # erfc z = exp(-z^2) Q(1 / (1 + p z))
 sq = lambda x: x * x
 if __name__ == "__main__":
-    for ctype, tanh_deg, erf_deg, q_p, q_hi, q_deg in (("float", 4, 6, "0.5", 10, 9),
-                                                        ("double", 10, 12, "0.3", 27, 20)):
+    # Float32's erfc runs from 0 (no erf branch), Float64's from 0.5 (erf below).
+    for ctype, tanh_deg, erf_deg, q_p, q_lo, q_hi, q_deg in (
+            ("float", 4, None, "0.5", "0", 10, 9), ("double", 10, 12, "0.3", "0.5", 27, 20)):
         show(f"kTanh{ctype.capitalize()}", ctype, *fit(tanh_p, sq, tiny, mp.mpf("0.625"), tanh_deg))
-        show(f"kErf{ctype.capitalize()}", ctype, *fit(erf_p, sq, tiny, 1, erf_deg))
+        if erf_deg:
+            show(f"kErf{ctype.capitalize()}", ctype, *fit(erf_p, sq, tiny, 1, erf_deg))
         p = mp.mpf(q_p)
         show(f"kErfc{ctype.capitalize()}", ctype,
-             *fit(erfc_q, lambda z: 1 / (1 + p * z), mp.mpf("0.5"), q_hi, q_deg))
+             *fit(erfc_q, lambda z: 1 / (1 + p * z), mp.mpf(q_lo), q_hi, q_deg))
         sys.stdout.flush()
