@@ -20,7 +20,6 @@
 //   char_lm --load out/char_lm --sample 300 --prompt "Love"     generate
 #include <sys/resource.h>
 
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -328,8 +327,8 @@ std::string generate(GPT& model, const Vocabulary& vocab, const std::string& pro
 
 // --- a run
 
-// Where a run is, besides model, optimizer, schedule and generator: its checkpoint's counters.
-// Counters are integers, so doubles travel as their bit patterns (std::bit_cast).
+// Where a run is, besides model, optimizer, schedule and generator: its checkpoint's counters
+// (program::Counters: doubles travel as their bit patterns).
 struct Progress {
   int64_t iter = 0;              // training steps done
   double train_seconds = 0;      // their time
@@ -337,32 +336,29 @@ struct Progress {
   std::vector<double> train_loss, val_loss;
 
   std::map<std::string, int64_t> counters() const {
-    std::map<std::string, int64_t> m = {{"iter", iter},
-                                        {"evals", static_cast<int64_t>(eval_at.size())}};
-    m["train_seconds.bits"] = std::bit_cast<int64_t>(train_seconds);
+    program::Counters c;
+    c.put("iter", iter);
+    c.put("evals", static_cast<int64_t>(eval_at.size()));
+    c.put_real("train_seconds", train_seconds);
     for (size_t i = 0; i < eval_at.size(); ++i) {
-      m[fmt::format("eval.{}.iter", i)] = eval_at[i];
-      m[fmt::format("eval.{}.train_loss.bits", i)] = std::bit_cast<int64_t>(train_loss[i]);
-      m[fmt::format("eval.{}.val_loss.bits", i)] = std::bit_cast<int64_t>(val_loss[i]);
+      c.put(fmt::format("eval.{}.iter", i), eval_at[i]);
+      c.put_real(fmt::format("eval.{}.train_loss", i), train_loss[i]);
+      c.put_real(fmt::format("eval.{}.val_loss", i), val_loss[i]);
     }
-    return m;
+    return c.values();
   }
-  static Progress from(const std::map<std::string, int64_t>& m, const std::string& path) {
-    const auto at = [&](const std::string& key) {
-      const auto it = m.find(key);
-      EMBER_CHECK(it != m.end(), "--resume: '{}' has no counter '{}'", path, key);
-      return it->second;
-    };
+  static Progress from(std::map<std::string, int64_t> m, const std::string& path) {
+    const program::Counters c(std::move(m), path);
     Progress p;
-    p.iter = at("iter");
-    p.train_seconds = std::bit_cast<double>(at("train_seconds.bits"));
-    const int64_t evals = at("evals");
+    p.iter = c.get("iter");
+    p.train_seconds = c.get_real("train_seconds");
+    const int64_t evals = c.get("evals");
     EMBER_CHECK(p.iter >= 0 && evals >= 0 && evals <= p.iter + 1,
                 "--resume: '{}' has iter {} and {} evaluations", path, p.iter, evals);
     for (int64_t i = 0; i < evals; ++i) {
-      p.eval_at.push_back(at(fmt::format("eval.{}.iter", i)));
-      p.train_loss.push_back(std::bit_cast<double>(at(fmt::format("eval.{}.train_loss.bits", i))));
-      p.val_loss.push_back(std::bit_cast<double>(at(fmt::format("eval.{}.val_loss.bits", i))));
+      p.eval_at.push_back(c.get(fmt::format("eval.{}.iter", i)));
+      p.train_loss.push_back(c.get_real(fmt::format("eval.{}.train_loss", i)));
+      p.val_loss.push_back(c.get_real(fmt::format("eval.{}.val_loss", i)));
     }
     return p;
   }

@@ -17,7 +17,6 @@
 //   g2p --resume out/g2p                               continue a stopped run
 //   g2p --load out/g2p --predict hello world           pronounce words with a trained model
 //   echo hello | g2p --load out/g2p                    words from standard input
-#include <bit>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -275,8 +274,7 @@ Task load_task(const Config& c) {
 }
 
 // Where a run is, besides its model, optimizer, schedule and random generator: the counters of
-// its training checkpoint. Checkpoint counters are integers, so the doubles travel as their bit
-// patterns (std::bit_cast), which a resumed run needs to sum the same losses bit for bit.
+// its training checkpoint (program::Counters: the doubles travel as their bit patterns).
 struct Progress {
   int64_t epoch = 0;                           // epochs finished
   int64_t step = 0;                            // batches of epoch `epoch` done
@@ -291,49 +289,44 @@ struct Progress {
   std::vector<double> train_losses, dev_wers;  // per finished epoch
 
   std::map<std::string, int64_t> counters() const {
-    std::map<std::string, int64_t> m = {{"epoch", epoch},
-                                        {"step", step},
-                                        {"epoch_tokens", epoch_tokens},
-                                        {"tokens", tokens},
-                                        {"best_epoch", best_epoch},
-                                        {"stopped", stopped}};
-    const auto put = [&](const std::string& key, double v) { m[key] = std::bit_cast<int64_t>(v); };
-    put("epoch_loss.bits", epoch_loss);
-    put("epoch_seconds.bits", epoch_seconds);
-    put("train_seconds.bits", train_seconds);
-    put("best_wer.bits", best_wer);
-    put("best_per.bits", best_per);
+    program::Counters c;
+    c.put("epoch", epoch);
+    c.put("step", step);
+    c.put("epoch_tokens", epoch_tokens);
+    c.put("tokens", tokens);
+    c.put("best_epoch", best_epoch);
+    c.put("stopped", stopped);
+    c.put_real("epoch_loss", epoch_loss);
+    c.put_real("epoch_seconds", epoch_seconds);
+    c.put_real("train_seconds", train_seconds);
+    c.put_real("best_wer", best_wer);
+    c.put_real("best_per", best_per);
     for (size_t i = 0; i < train_losses.size(); ++i) {
-      put(fmt::format("train_loss.{}.bits", i), train_losses[i]);
-      put(fmt::format("dev_wer.{}.bits", i), dev_wers[i]);
+      c.put_real(fmt::format("train_loss.{}", i), train_losses[i]);
+      c.put_real(fmt::format("dev_wer.{}", i), dev_wers[i]);
     }
-    return m;
+    return c.values();
   }
 
-  static Progress from(const std::map<std::string, int64_t>& m, const std::string& path) {
-    const auto at = [&](const std::string& key) {
-      const auto it = m.find(key);
-      EMBER_CHECK(it != m.end(), "--resume: '{}' has no counter '{}'", path, key);
-      return it->second;
-    };
-    const auto real = [&](const std::string& key) { return std::bit_cast<double>(at(key)); };
+  static Progress from(std::map<std::string, int64_t> m, const std::string& path) {
+    const program::Counters c(std::move(m), path);
     Progress p;
-    p.epoch = at("epoch");
-    p.step = at("step");
-    p.epoch_tokens = at("epoch_tokens");
-    p.tokens = at("tokens");
-    p.best_epoch = at("best_epoch");
-    p.stopped = at("stopped") != 0;
-    p.epoch_loss = real("epoch_loss.bits");
-    p.epoch_seconds = real("epoch_seconds.bits");
-    p.train_seconds = real("train_seconds.bits");
-    p.best_wer = real("best_wer.bits");
-    p.best_per = real("best_per.bits");
+    p.epoch = c.get("epoch");
+    p.step = c.get("step");
+    p.epoch_tokens = c.get("epoch_tokens");
+    p.tokens = c.get("tokens");
+    p.best_epoch = c.get("best_epoch");
+    p.stopped = c.get("stopped") != 0;
+    p.epoch_loss = c.get_real("epoch_loss");
+    p.epoch_seconds = c.get_real("epoch_seconds");
+    p.train_seconds = c.get_real("train_seconds");
+    p.best_wer = c.get_real("best_wer");
+    p.best_per = c.get_real("best_per");
     EMBER_CHECK(p.epoch >= 0 && p.epoch <= program::kMaxCount && p.step >= 0,
                 "--resume: '{}' has epoch {} and step {}", path, p.epoch, p.step);
     for (int64_t i = 0; i < p.epoch; ++i) {
-      p.train_losses.push_back(real(fmt::format("train_loss.{}.bits", i)));
-      p.dev_wers.push_back(real(fmt::format("dev_wer.{}.bits", i)));
+      p.train_losses.push_back(c.get_real(fmt::format("train_loss.{}", i)));
+      p.dev_wers.push_back(c.get_real(fmt::format("dev_wer.{}", i)));
     }
     return p;
   }

@@ -12,8 +12,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -184,6 +186,34 @@ inline nlohmann::ordered_json resume_config(const std::string& dir,
   EMBER_CHECK(in.good(), "--resume: cannot read {}", path);
   return nlohmann::ordered_json::parse(in);
 }
+
+// A run's progress as its training checkpoint's counters (train/checkpoint.h), which are
+// integers: an int64 is stored as it is, a double as its bit pattern under "<key>.bits" (a resumed
+// run must sum the same losses bit for bit). Reading a counter the file lacks names both.
+class Counters {
+ public:
+  Counters() = default;
+  Counters(std::map<std::string, int64_t> values, std::string path)
+      : values_(std::move(values)), path_(std::move(path)) {}
+
+  void put(const std::string& key, int64_t v) { values_[key] = v; }
+  void put_real(const std::string& key, double v) {
+    values_[key + ".bits"] = std::bit_cast<int64_t>(v);
+  }
+  int64_t get(const std::string& key) const {
+    const auto it = values_.find(key);
+    EMBER_CHECK(it != values_.end(), "--resume: '{}' has no counter '{}'", path_, key);
+    return it->second;
+  }
+  double get_real(const std::string& key) const {
+    return std::bit_cast<double>(get(key + ".bits"));
+  }
+  const std::map<std::string, int64_t>& values() const { return values_; }
+
+ private:
+  std::map<std::string, int64_t> values_;
+  std::string path_;
+};
 
 // --- output
 
