@@ -222,10 +222,10 @@ void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T>
 }
 
 // Note [Narrow products]
-// C with at most four vectors' worth of columns (64 floats, 32 doubles) and little work: the
-// products of attention over short sequences (10 x 16 by 16 x 10, a batch of hundreds of them).
-// A BLAS call packs both operands into its tile layout and runs edge kernels over most of such a
-// C, ~200 ns of fixed cost per product. Here B is copied once into rows of NV whole vectors
+// C with at most four vectors' worth of columns (64 floats with AVX-512, 32 with AVX2) and little
+// work: the products of attention over short sequences (10 x 16 by 16 x 10, a batch of hundreds of
+// them). A BLAS call packs both operands into its tile layout and runs edge kernels over most of
+// such a C, ~200 ns of fixed cost per product. Here B is copied once into rows of NV whole vectors
 // (zero-padded, any layout read through its strides) and blocks of four rows of C are summed in
 // registers, A's elements broadcast: no edges, no packing of A.
 template <class T, int NV>

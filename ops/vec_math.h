@@ -309,22 +309,31 @@ EMBER_VEC_INLINE T vnormal_cdf(T x) {
 // A SIMD loop that sums needs independent partial sums (lanes) added at the end: GCC reorders a
 // floating sum only under -ffast-math, and the lanes it makes for `#pragma omp simd reduction`
 // may live in memory, read back with gathers (layer_norm's backward spent most of its time so).
-// Lanes<T> holds kWays 64-byte GCC vectors of T (16 floats or 8 doubles each, which the compiler
-// splits into the registers the CPU has): several, because one vector's chain of adds waits on
-// each add's latency. for_lanes walks blocks of kWidth elements, kWays at a time, handing each
-// block its own vector:
+// Lanes<T> holds kWays GCC vectors of T as wide as the target's registers (kVectorBytes: 64 bytes,
+// 16 floats, with AVX-512; 32 with AVX; 16 otherwise): several, because one vector's chain of
+// adds waits on each add's latency. A vector wider than the registers is not split into them:
+// GCC 12 moves it through the stack, lane by lane (layer_norm ran 7x slower so on an AVX2 CPU).
+// for_lanes walks blocks of kWidth elements, kWays at a time, handing each block its own vector:
 //   Lanes<T> acc;
 //   int64_t j = for_lanes<T>(n, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
 //     acc.v[u] += Lanes<T>::load(p + j); });
 //   T sum = acc.total();
 //   for (; j < n; ++j) sum += p[j];  // the tail, fewer than kWidth elements
-// (Without AVX-512 such a vector is returned differently, which GCC notes, -Wpsabi, where the
-// library is built for such a CPU: every use is inlined, so nothing crosses an ABI, and
-// CMakeLists.txt turns the note off.)
+// (GCC notes, -Wpsabi, that such vectors are returned differently where the library is built
+// without them: every use is inlined, so nothing crosses an ABI, and CMakeLists.txt turns the note
+// off.)
+#if defined(__AVX512F__)
+inline constexpr size_t kVectorBytes = 64;
+#elif defined(__AVX__)
+inline constexpr size_t kVectorBytes = 32;
+#else
+inline constexpr size_t kVectorBytes = 16;
+#endif
+
 template <class T>
 struct Lanes {
-  using V [[gnu::vector_size(64)]] = T;
-  static constexpr int64_t kWidth = 64 / sizeof(T);
+  using V [[gnu::vector_size(kVectorBytes)]] = T;
+  static constexpr int64_t kWidth = kVectorBytes / sizeof(T);
   static constexpr int kWays = 4;
   V v[kWays] = {};
 
@@ -348,21 +357,23 @@ struct Lanes {
   }
 
  private:
-  template <class Op>
-  EMBER_VEC_INLINE static T reduce(const V& all, Op op) {
-    using H [[gnu::vector_size(32)]] = T;
-    using Q [[gnu::vector_size(16)]] = T;
-    H lo, hi;
-    std::memcpy(&lo, &all, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&all) + sizeof lo, sizeof hi);
-    const H h = op(lo, hi);
-    Q ql, qh;
-    std::memcpy(&ql, &h, sizeof ql);
-    std::memcpy(&qh, reinterpret_cast<const char*>(&h) + sizeof ql, sizeof qh);
-    const Q q = op(ql, qh);
-    T r = q[0];
-    for (size_t l = 1; l < sizeof(Q) / sizeof(T); ++l) r = op(r, q[l]);
-    return r;
+  template <size_t Bytes>
+  struct Vec {
+    using type [[gnu::vector_size(Bytes)]] = T;
+  };
+  // Halves added (maxed) down to 16 bytes, then its few scalars.
+  template <size_t Bytes = kVectorBytes, class Op>
+  EMBER_VEC_INLINE static T reduce(const typename Vec<Bytes>::type& all, Op op) {
+    if constexpr (Bytes == 16) {
+      T r = all[0];
+      for (size_t l = 1; l < 16 / sizeof(T); ++l) r = op(r, all[l]);
+      return r;
+    } else {
+      typename Vec<Bytes / 2>::type lo, hi;
+      std::memcpy(&lo, &all, sizeof lo);
+      std::memcpy(&hi, reinterpret_cast<const char*>(&all) + sizeof lo, sizeof hi);
+      return reduce<Bytes / 2>(op(lo, hi), op);
+    }
   }
 };
 
