@@ -312,7 +312,7 @@ EMBER_VEC_INLINE T vnormal_cdf(T x) {
 // Lanes<T> holds kWays GCC vectors of T as wide as the target's registers (kVectorBytes: 64 bytes,
 // 16 floats, with AVX-512; 32 with AVX; 16 otherwise): several, because one vector's chain of
 // adds waits on each add's latency. A vector wider than the registers is not split into them:
-// GCC 12 moves it through the stack, lane by lane (layer_norm ran 7x slower so on an AVX2 CPU).
+// GCC 12 moves it through the stack, lane by lane (layer_norm ran 2.6x slower so on an AVX2 CPU).
 // for_lanes walks blocks of kWidth elements, kWays at a time, handing each block its own vector:
 //   Lanes<T> acc;
 //   int64_t j = for_lanes<T>(n, [&](int64_t j, int u) EMBER_VEC_LAMBDA {
