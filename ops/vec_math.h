@@ -81,6 +81,7 @@ template <>
 struct Coefficients<float> {
   using Int = int32_t;
   static constexpr int kMantissa = 23, kBias = 127;
+  static constexpr float exp_lo = -103.972084f, exp_hi = 88.7228391f;  // ln 2^-150, ln FLT_MAX
   // e^r on [-ln2/2, ln2/2]: Cephes' expf (minimax, degree 7 with the first two terms exact).
   static constexpr std::array<float, 6> exp = {5.0000001201e-1f, 1.6666665459e-1f,
                                                4.1665795894e-2f, 8.3334519073e-3f,
@@ -103,6 +104,8 @@ template <>
 struct Coefficients<double> {
   using Int = int64_t;
   static constexpr int kMantissa = 52, kBias = 1023;
+  // ln 2^-1075 and ln DBL_MAX: vexp's 0 and inf
+  static constexpr double exp_lo = -745.1332191019412, exp_hi = 709.782712893384;
   // e^r on [-ln2/2, ln2/2] by Taylor to degree 13: the remainder is below 4e-18.
   static constexpr std::array<double, 14> exp_all = taylor_exp<double, 14>();
   static constexpr std::array<double, 10> log = taylor_log<double, 10>();
@@ -170,46 +173,33 @@ EMBER_VEC_INLINE ExpParts<double> exp_parts(double xc) {
 // e^x = p · 2^n (vec_detail::exp_parts), 2^n built from its bits in two halves (so that n = 128,
 // or -150 for a denormal result, stays in the exponent field). 0 below the smallest denormal's
 // log, +inf above ln(max), NaN stays NaN.
-EMBER_VEC_INLINE float vexp(float x) {
-  constexpr float lo = -103.972084f, hi = 88.7228391f;  // ln 2^-150, ln FLT_MAX
-  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, lo), hi));
-  const int32_t n1 = n >> 1, n2 = n - n1;  // floor(n / 2): one shift
-  const float y =
-      p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
-  const float below = x < lo ? 0.0f : y;
-  const float above = x > hi ? std::numeric_limits<float>::infinity() : below;
-  return x != x ? x : above;
-}
-
-EMBER_VEC_INLINE double vexp(double x) {
-  constexpr double lo = -745.1332191019412, hi = 709.782712893384;  // ln 2^-1075, ln DBL_MAX
-  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, lo), hi));
-  const int64_t n1 = n >> 1, n2 = n - n1;
-  const double y =
-      p * std::bit_cast<double>((n1 + 1023) << 52) * std::bit_cast<double>((n2 + 1023) << 52);
-  const double below = x < lo ? 0.0 : y;
-  const double above = x > hi ? std::numeric_limits<double>::infinity() : below;
+template <class T>
+EMBER_VEC_INLINE T vexp(T x) {
+  using C = vec_detail::Coefficients<T>;
+  using I = typename C::Int;
+  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, C::exp_lo), C::exp_hi));
+  const I n1 = n >> 1, n2 = n - n1;  // floor(n / 2): one shift
+  const T y = p * std::bit_cast<T>((n1 + C::kBias) << C::kMantissa) *
+              std::bit_cast<T>((n2 + C::kBias) << C::kMantissa);
+  const T below = x < C::exp_lo ? T(0) : y;
+  const T above = x > C::exp_hi ? std::numeric_limits<T>::infinity() : below;
   return x != x ? x : above;
 }
 
 // e^x for x <= 0: vexp without its overflow side, the scale 2^n built in one exponent as
-// 2^(n + s) · 2^-s (s = 24 in Float32, 54 in Float64, so n + s stays a normal exponent down to
+// 2^(n + s) · 2^-s (s = 25 in Float32, 54 in Float64, so n + s stays a normal exponent down to
 // the smallest denormal result): the same single rounding, so it equals vexp(x) bit for bit on
 // x <= 0 (tested), in ~30% less time. x > 0 is taken as 0. For the exponentials of values shifted
 // by their max (softmax), of -|x| (sigmoid) and of -x²/2 (the normal density).
-EMBER_VEC_INLINE float vexp_nonpositive(float x) {
-  constexpr float lo = -103.972084f;  // ln 2^-150
-  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, lo), 0.0f));
-  const float y = p * std::bit_cast<float>((n + 127 + 24) << 23) * 0x1p-24f;
-  const float below = x < lo ? 0.0f : y;
-  return x != x ? x : below;
-}
-
-EMBER_VEC_INLINE double vexp_nonpositive(double x) {
-  constexpr double lo = -745.1332191019412;  // ln 2^-1075
-  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, lo), 0.0));
-  const double y = p * std::bit_cast<double>((n + 1023 + 54) << 52) * 0x1p-54;
-  const double below = x < lo ? 0.0 : y;
+template <class T>
+EMBER_VEC_INLINE T vexp_nonpositive(T x) {
+  using C = vec_detail::Coefficients<T>;
+  using I = typename C::Int;
+  constexpr int s = C::kMantissa + 2;
+  const auto [p, n] = vec_detail::exp_parts(std::min(std::max(x, C::exp_lo), T(0)));
+  const T y = p * std::bit_cast<T>((n + C::kBias + s) << C::kMantissa) *
+              std::bit_cast<T>(I(C::kBias - s) << C::kMantissa);
+  const T below = x < C::exp_lo ? T(0) : y;
   return x != x ? x : below;
 }
 
