@@ -39,6 +39,11 @@ AttentionOutput attention(const Tensor& query, const Tensor& key, const Tensor& 
 
 // --- MultiHeadedAttention
 
+// Up to this many multiply-adds per head and product (Tq · Tk · d_k), the heads run as one
+// head_attention op; longer sequences take the original's steps, whose batched products go to
+// BLAS.
+constexpr int64_t kHeadAttentionWork = int64_t{1} << 17;
+
 MultiHeadedAttention::MultiHeadedAttention(int64_t h, int64_t d_model, double dropout_p)
     : d_k(h > 0 ? d_model / h : 0), h(h) {
   EMBER_CHECK(h > 0 && d_model > 0 && d_model % h == 0,
@@ -56,15 +61,24 @@ Tensor MultiHeadedAttention::forward(const Tensor& query, const Tensor& key, con
   EMBER_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
               "MultiHeadedAttention: query {}, key {} and value {} must be (batch, len, d_model)",
               query.shape(), key.shape(), value.shape());
-  // The same mask applies to every head: (B, 1, Tq or 1, Tk) broadcasts over h.
-  const Tensor head_mask = mask.defined() ? mask.unsqueeze(1) : mask;
-  const int64_t nbatches = query.size(0);
-  // Project and split into heads: (B, T, D) -> (B, T, h, d_k) -> (B, h, T, d_k), all views.
   const auto project = [&](size_t i, const Tensor& x) {
-    return linears->at<Linear>(i)->forward(x).view({nbatches, -1, h, d_k}).transpose(1, 2);
+    return linears->at<Linear>(i)->forward(x);
   };
   const Tensor q = project(0, query), k = project(1, key), v = project(2, value);
-  AttentionOutput out = attention(q, k, v, head_mask, dropout.get());
+  if (query.size(1) * key.size(1) * d_k <= kHeadAttentionWork) {
+    // The heads in one op, read and written where the projections lie (Note [Head attention]).
+    HeadAttention out = head_attention(q, k, v, h, mask, dropout->is_training() ? dropout->p : 0.0);
+    attn = out.p_attn;
+    return linears->at<Linear>(3)->forward(out.values);
+  }
+  // The original's steps. The same mask applies to every head: (B, 1, Tq or 1, Tk) broadcasts
+  // over h. Split into heads: (B, T, D) -> (B, T, h, d_k) -> (B, h, T, d_k), all views.
+  const Tensor head_mask = mask.defined() ? mask.unsqueeze(1) : mask;
+  const int64_t nbatches = query.size(0);
+  const auto split = [&](const Tensor& x) {
+    return x.view({nbatches, -1, h, d_k}).transpose(1, 2);
+  };
+  AttentionOutput out = attention(split(q), split(k), split(v), head_mask, dropout.get());
   attn = out.p_attn.detach();
   // Merge the heads: (B, h, Tq, d_k) -> (B, Tq, h * d_k), the one copy of the layer.
   const Tensor x = out.values.transpose(1, 2).contiguous().view({nbatches, -1, h * d_k});

@@ -20,6 +20,7 @@
 #include "graph/strided.h"
 #include "ops/common.h"
 #include "ops/gemm_bf16.h"
+#include "ops/loop_gemm.h"
 #include "ops/reduce.h"
 #include "ops/vec_math.h"
 
@@ -144,12 +145,7 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
 // PyTorch's small-bmm path): the batched dot products of attention pooling, tiny heads.
 constexpr int64_t kSmallGemmWork = 512;
 
-// A matrix read through its strides, for the plain loop.
-template <class T>
-struct StridedMatrix {
-  T* p;
-  int64_t rs, cs;
-};
+using detail::StridedMatrix;
 
 template <class T>
 StridedMatrix<T> strided(const Tensor& x) {
@@ -225,16 +221,20 @@ void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T>
 // C with at most four vectors' worth of columns (64 floats with AVX-512, 32 with AVX2) and little
 // work: the products of attention over short sequences (10 x 16 by 16 x 10, a batch of hundreds of
 // them). A BLAS call packs both operands into its tile layout and runs edge kernels over most of
-// such a C, ~200 ns of fixed cost per product. Here B is copied once into rows of NV whole vectors
-// (zero-padded, any layout read through its strides) and blocks of four rows of C are summed in
-// registers, A's elements broadcast: no edges, no packing of A.
+// such a C, ~200 ns of fixed cost per product. Here B is read as rows of NV whole vectors: in
+// place when its rows are contiguous and n fills the vectors (a head's V or K, 16 features),
+// else copied once into such rows, zero-padded, any layout read through its strides; blocks of
+// 12 / NV rows of C are summed in registers, A's elements broadcast: no edges, no packing of A.
 template <class T, int NV>
 void narrow_gemm_nv(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a, const T* bp,
-                    T beta, StridedMatrix<T> c) {
+                    int64_t ldb, T beta, StridedMatrix<T> c) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth, NP = NV * W;
-  constexpr int MR = 4;
+  // Rows per block: 12 accumulators (and NV registers of B) fit AVX2's 16 registers, and with
+  // NV = 1 (a head of 16 features) 12 independent sums hide the FMA's latency over short k.
+  constexpr int MR = 12 / NV;
+  const bool whole = n == NP && c.cs == 1 && beta == T(0);  // C's rows stored as vectors
   for (int64_t i = 0; i < m; i += MR) {
     const int64_t rows = std::min<int64_t>(MR, m - i);
     const T* ar[MR];
@@ -242,16 +242,23 @@ void narrow_gemm_nv(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<cons
     V acc[MR][NV] = {};
     for (int64_t l = 0; l < k; ++l) {
       V bv[NV];
-      for (int u = 0; u < NV; ++u) bv[u] = L::load(bp + l * NP + u * W);
+      for (int u = 0; u < NV; ++u) bv[u] = L::load(bp + l * ldb + u * W);
       for (int r = 0; r < MR; ++r) {
         const T s = ar[r][l * a.cs];
         for (int u = 0; u < NV; ++u) acc[r][u] += s * bv[u];
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
+      T* cr = c.p + (i + r) * c.rs;
+      if (whole) {
+        for (int u = 0; u < NV; ++u) {
+          const V out = alpha * acc[r][u];
+          std::memcpy(cr + u * W, &out, sizeof out);
+        }
+        continue;
+      }
       T row[NP];
       std::memcpy(row, acc[r], sizeof row);
-      T* cr = c.p + (i + r) * c.rs;
       for (int64_t j = 0; j < n; ++j) {
         T& out = cr[j * c.cs];
         out = beta == T(0) ? alpha * row[j] : alpha * row[j] + beta * out;
@@ -269,20 +276,25 @@ void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T
                  StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
   constexpr int64_t W = Lanes<T>::kWidth;
   const int64_t nv = (n + W - 1) / W, np = nv * W;
-  thread_local std::vector<T> packed;
-  packed.assign(static_cast<size_t>(k * np), T(0));
-  for (int64_t l = 0; l < k; ++l)
-    for (int64_t j = 0; j < n; ++j) packed[l * np + j] = b.p[l * b.rs + j * b.cs];
-  const T* bp = packed.data();
+  const T* bp = b.p;
+  int64_t ldb = b.rs;
+  if (b.cs != 1 || n != np) {
+    thread_local std::vector<T> packed;
+    packed.assign(static_cast<size_t>(k * np), T(0));
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t j = 0; j < n; ++j) packed[l * np + j] = b.p[l * b.rs + j * b.cs];
+    bp = packed.data();
+    ldb = np;
+  }
   switch (nv) {
     case 1:
-      return narrow_gemm_nv<T, 1>(m, n, k, alpha, a, bp, beta, c);
+      return narrow_gemm_nv<T, 1>(m, n, k, alpha, a, bp, ldb, beta, c);
     case 2:
-      return narrow_gemm_nv<T, 2>(m, n, k, alpha, a, bp, beta, c);
+      return narrow_gemm_nv<T, 2>(m, n, k, alpha, a, bp, ldb, beta, c);
     case 3:
-      return narrow_gemm_nv<T, 3>(m, n, k, alpha, a, bp, beta, c);
+      return narrow_gemm_nv<T, 3>(m, n, k, alpha, a, bp, ldb, beta, c);
     default:
-      return narrow_gemm_nv<T, 4>(m, n, k, alpha, a, bp, beta, c);
+      return narrow_gemm_nv<T, 4>(m, n, k, alpha, a, bp, ldb, beta, c);
   }
 }
 
@@ -301,8 +313,8 @@ Loop product_loop(int64_t m, int64_t n, int64_t k) {
 
 // One product through the loop `loop` chose.
 template <class T>
-void loop_gemm(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
-               StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+void loop_product(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+                  StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
   if (loop == Loop::Small)
     small_gemm<T>(m, n, k, alpha, a, b, beta, c);
   else
@@ -316,8 +328,8 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T bet
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   if (const Loop loop = product_loop<T>(m, n, k); loop != Loop::None) {
-    loop_gemm<T>(loop, m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta,
-                 strided<T>(c));
+    loop_product<T>(loop, m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta,
+                    strided<T>(c));
     return;
   }
   const Operand oa = blas_operand(a), ob = blas_operand(b);
@@ -373,8 +385,8 @@ void batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (small) {
-        loop_gemm<T>(loop, m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs},
-                     {sb.p + off_b[i], sb.rs, sb.cs}, T(0), {pc + i * m * n, n, 1});
+        loop_product<T>(loop, m, n, k, T(1), {sa.p + off_a[i], sa.rs, sa.cs},
+                        {sb.p + off_b[i], sb.rs, sb.cs}, T(0), {pc + i * m * n, n, 1});
       } else {
         blas_gemm<T>(m, n, k, T(1), sa.p + off_a[i], oa.layout, sb.p + off_b[i], ob.layout, T(0),
                      pc + i * m * n, n);
@@ -463,6 +475,29 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+namespace detail {
+
+template <class T>
+void loop_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
+               StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
+  if (m == 0 || n == 0) return;
+  if (m * n * k <= kSmallGemmWork) {
+    small_gemm<T>(m, n, k, alpha, a, b, beta, c);
+    return;
+  }
+  for (int64_t j = 0; j < n; j += kNarrowColumns<T>) {  // C in blocks of columns
+    const int64_t w = std::min(kNarrowColumns<T>, n - j);
+    narrow_gemm<T>(m, w, k, alpha, a, {b.p + j * b.cs, b.rs, b.cs}, beta,
+                   {c.p + j * c.cs, c.rs, c.cs});
+  }
+}
+template void loop_gemm<float>(int64_t, int64_t, int64_t, float, StridedMatrix<const float>,
+                               StridedMatrix<const float>, float, StridedMatrix<float>);
+template void loop_gemm<double>(int64_t, int64_t, int64_t, double, StridedMatrix<const double>,
+                                StridedMatrix<const double>, double, StridedMatrix<double>);
+
+}  // namespace detail
 
 // --- matmul
 

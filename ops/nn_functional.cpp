@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include <omp.h>
 
@@ -19,6 +21,7 @@
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
+#include "ops/loop_gemm.h"
 #include "ops/reduce.h"
 #include "ops/vec_math.h"
 
@@ -550,6 +553,11 @@ struct DropoutMask {
   double scale;        // 1 / (1 - p)
 };
 
+// A fresh mask for probability p in (0, 1): one draw of the global generator.
+DropoutMask dropout_mask(double p) {
+  return {random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
+}
+
 // out[i] = x[i] * (kept(i) ? scale : 0), for contiguous x and out of n elements. Blocks of
 // pairs: the bits first, into 32-bit halves, then the multiply, so that both loops vectorise
 // (GCC 12 does not vectorise one loop that mixes the 64-bit hash with 32-bit floats).
@@ -609,7 +617,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0) return x;
   check_floating(x, op);
   if (p == 1) return mul(x, 0.0);  // all dropped, as torch (x * 0: a NaN stays NaN); no 1 / 0
-  const DropoutMask mask{random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
+  const DropoutMask mask = dropout_mask(p);
   return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op), {x}, mask);
 }
 
@@ -711,6 +719,17 @@ namespace {
 //   dMask = dS (a floating mask),  dQ = scale · dS k,  dK = scale · dSᵀ q.
 
 enum class MaskKind { None, Bool, Float };
+
+// Query, key and value of one floating dtype.
+void check_attention_dtypes(const Tensor& query, const Tensor& key, const Tensor& value,
+                            std::string_view op) {
+  check_floating(query, op);
+  check_floating(key, op);
+  check_floating(value, op);
+  EMBER_CHECK(query.dtype() == key.dtype() && key.dtype() == value.dtype(),
+              "{}: query, key and value are {}, {} and {}; convert them to one dtype with to()", op,
+              query.dtype(), key.dtype(), value.dtype());
+}
 
 // Rows [begin, end) of P (S keys each; query i = row % L), in place, as softmax_short_rows: in
 // blocks of at most kShortRowBlock elements, pass by pass, since attention rows are short and a
@@ -831,6 +850,13 @@ struct AttentionDropout {
   DropoutMask mask{};
 };
 
+// The dropout of attention weights with probability p in [0, 1], as dropout()'s.
+AttentionDropout attention_dropout(double p) {
+  if (p == 1) return {AttentionDropout::All, {}};  // every weight dropped, as torch; no 1 / 0
+  if (p == 0) return {};
+  return {AttentionDropout::Mask, dropout_mask(p)};
+}
+
 Tensor apply_attention_dropout(const Tensor& t, const AttentionDropout& d, std::string_view op) {
   switch (d.kind) {
     case AttentionDropout::Mask:
@@ -890,12 +916,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     std::optional<double> scale) {
   constexpr std::string_view op = "scaled_dot_product_attention";
   profile::Scope scope(op);
-  check_floating(query, op);
-  check_floating(key, op);
-  check_floating(value, op);
-  EMBER_CHECK(query.dtype() == key.dtype() && key.dtype() == value.dtype(),
-              "{}: query, key and value are {}, {} and {}; convert them to one dtype with to()", op,
-              query.dtype(), key.dtype(), value.dtype());
+  check_attention_dtypes(query, key, value, op);
   EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
               "{}: query {}, key {} and value {} need at least 2 dims: (..., L, E), (..., S, E), "
               "(..., S, Ev)",
@@ -930,14 +951,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     if (mask.dtype() != kBool) mask = as_type(mask, query.dtype());
   }
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
-  AttentionDropout drop;
-  if (dropout_p == 1) {
-    drop.kind = AttentionDropout::All;  // every weight dropped, as torch; no 1 / 0
-  } else if (dropout_p > 0) {
-    drop = {
-        AttentionDropout::Mask,
-        {random_bits(), static_cast<uint32_t>(std::ldexp(dropout_p, 32)), 1.0 / (1.0 - dropout_p)}};
-  }
+  const AttentionDropout drop = attention_dropout(dropout_p);
   Tensor p, out;
   {
     NoGradGuard no_grad;                // the kernels below, no graph; this op records its own Node
@@ -952,6 +966,281 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const Tensor float_mask = mask.defined() && mask.dtype() != kBool ? mask : Tensor();
   return record<ScaledDotProductAttentionBackward>(op, out, {query, key, value, float_mask}, query,
                                                    key, value, p, drop, sc, is_causal);
+}
+
+// --- head_attention
+
+namespace {
+
+// Note [Head attention]
+// nn::MultiHeadedAttention's h heads of d_k features each, for batch row b and head hh, with Q, K
+// and V the head's d_k columns of q, k and v, read where the projections wrote them (no split
+// into (B, h, T, d_k) and no merging copy after):
+//   S = Q Kᵀ / sqrt(d_k),  S[i, j] = -1e9 where keep[b, i, j] is false,  P = softmax(S),
+//   P_d = dropout(P),  values[b, :, hh·d_k : (hh+1)·d_k] = P_d V,
+// the Annotated Transformer's attention() value for value (its masked_fill and division, not
+// sdpa's -inf and multiplied scale). Each head's products are a few thousand multiply-adds: as
+// the composite's batched matmuls they spent most of their time in per-product set-up, and its
+// division, masked_fill, softmax and dropout each made a pass over (B, h, Tq, Tk) of their own.
+// Here one pass over the heads runs both products of a head on its thread (detail::loop_gemm)
+// and the masked softmax between them while its scores are in L1; with dropout, P_d is one
+// vectorised pass over all heads between the two (the mask of dropout(P), Note [Dropout masks]),
+// so the pass splits in two. Saved for the backward: q, k, v, P and P_d:
+//   dV = P_dᵀ dO,  dP = dropout(dO Vᵀ),  dS = P ⊙ (dP − Σ_j dP ⊙ P) / sqrt(d_k), 0 where masked,
+//   dQ = dS K,  dK = dSᵀ Q,
+// where the zeros where masked are masked_fill's backward (they matter in a row with no key kept,
+// whose P is uniform).
+
+// The geometry of one call: B batch rows, h heads of dk features, Tq queries, Tk keys, rows of
+// D = h·dk features.
+struct Heads {
+  int64_t B, h, dk, Tq, Tk, D;
+  int64_t count() const { return B * h; }
+  // Q, K, V, the output and their gradients: head n's block of a (B, T, D) tensor.
+  template <class T>
+  T* block(T* x, int64_t n, int64_t T_len) const {
+    return x + (n / h) * T_len * D + (n % h) * dk;
+  }
+};
+
+// Runs body(begin, end) over the heads [0, count), split across threads when they are several
+// and their products add up to parallel_grain() multiply-adds (as batched_gemm's).
+template <class F>
+void over_heads(const Heads& g, F&& body) {
+  if (g.count() > 1 && g.count() * g.Tq * g.Tk * g.dk >= parallel_grain())
+    parallel_for(g.count(), body, 2);
+  else
+    body(int64_t{0}, g.count());
+}
+
+// The max (sum) of a short row, in four interleaved partial results: one running result would
+// chain every element's compare (add) on the one before.
+template <class T, class Op>
+T short_row_reduce(const T* x, int64_t n, T init, Op op) {
+  T acc[4] = {init, init, init, init};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int u = 0; u < 4; ++u) acc[u] = op(acc[u], x[j + u]);
+  for (; j < n; ++j) acc[0] = op(acc[0], x[j]);
+  return op(op(acc[0], acc[1]), op(acc[2], acc[3]));
+}
+
+// A head's rows of scores (rows x n, contiguous; keep, when given, the same layout) in place:
+// divided by div, -1e9 where keep is false, then softmax; a row with a NaN score is all NaN, as
+// softmax's. Rows are short (a few to a few dozen keys), so the division and mask, and the
+// exponentials, each run over the whole block in one vectorised loop, and only the max and the
+// sum row by row.
+template <class T>
+void masked_softmax_rows(T* x, const bool* keep, int64_t rows, int64_t n, T div) {
+  constexpr T kFill = T(-1e9);
+  const int64_t len = rows * n;
+  int nan = 0;
+  if (keep == nullptr) {
+#pragma omp simd reduction(| : nan)
+    for (int64_t e = 0; e < len; ++e) {
+      x[e] /= div;
+      nan |= x[e] != x[e];
+    }
+  } else {
+    // keep's bytes read as bytes and every score divided: GCC 12 vectorises no loop that
+    // branches on a bool load.
+    const auto* kept = reinterpret_cast<const unsigned char*>(keep);
+#pragma omp simd reduction(| : nan)
+    for (int64_t e = 0; e < len; ++e) {
+      const T v = x[e] / div;
+      x[e] = kept[e] != 0 ? v : kFill;
+      nan |= v != v;
+    }
+  }
+  std::vector<char> nan_rows;  // rare: the rows that hold a NaN score, made NaN at the end
+  if (nan != 0) {
+    nan_rows.resize(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i)
+      nan_rows[i] = std::any_of(x + i * n, x + (i + 1) * n, [](T v) { return v != v; });
+  }
+  const auto max = [](T a, T b) { return b > a ? b : a; };  // never NaN
+  for (int64_t i = 0; i < rows; ++i) {
+    T* xi = x + i * n;
+    const T mx = short_row_reduce(xi, n, -std::numeric_limits<T>::infinity(), max);
+    for (int64_t j = 0; j < n; ++j) xi[j] -= mx;
+  }
+#pragma omp simd
+  for (int64_t e = 0; e < len; ++e) x[e] = vexp_nonpositive(x[e]);
+  for (int64_t i = 0; i < rows; ++i) {
+    T* xi = x + i * n;
+    const T inv = T(1) / short_row_reduce(xi, n, T(0), std::plus<T>());
+    for (int64_t j = 0; j < n; ++j) xi[j] *= inv;
+  }
+  for (size_t i = 0; i < nan_rows.size(); ++i)
+    if (nan_rows[i]) std::fill(x + i * n, x + (i + 1) * n, std::numeric_limits<T>::quiet_NaN());
+}
+
+// The forward of heads [begin, end): P (B, h, Tq, Tk) from q and k.
+template <class T>
+void head_weights(const Heads& g, const T* q, const T* k, const bool* keep, T* p, int64_t begin,
+                  int64_t end) {
+  const T div = static_cast<T>(std::sqrt(static_cast<double>(g.dk)));
+  for (int64_t n = begin; n < end; ++n) {
+    T* ph = p + n * g.Tq * g.Tk;
+    detail::loop_gemm<T>(g.Tq, g.Tk, g.dk, T(1), {g.block(q, n, g.Tq), g.D, 1},
+                         {g.block(k, n, g.Tk), 1, g.D}, T(0), {ph, g.Tk, 1});
+    masked_softmax_rows(ph, keep == nullptr ? keep : keep + (n / g.h) * g.Tq * g.Tk, g.Tq, g.Tk,
+                        div);
+  }
+}
+
+// values = P_d V for heads [begin, end).
+template <class T>
+void head_values(const Heads& g, const T* pd, const T* v, T* out, int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n)
+    detail::loop_gemm<T>(g.Tq, g.dk, g.Tk, T(1), {pd + n * g.Tq * g.Tk, g.Tk, 1},
+                         {g.block(v, n, g.Tk), g.D, 1}, T(0), {g.block(out, n, g.Tq), g.D, 1});
+}
+
+// dV = P_dᵀ dO (when dv is given) and dP_d = dO Vᵀ into dp, for heads [begin, end).
+template <class T>
+void head_backward_values(const Heads& g, const T* pd, const T* v, const T* dout, T* dv, T* dp,
+                          int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    const T* pdh = pd + n * g.Tq * g.Tk;
+    const T* doh = g.block(dout, n, g.Tq);
+    if (dv != nullptr)
+      detail::loop_gemm<T>(g.Tk, g.dk, g.Tq, T(1), {pdh, 1, g.Tk}, {doh, g.D, 1}, T(0),
+                           {g.block(dv, n, g.Tk), g.D, 1});
+    detail::loop_gemm<T>(g.Tq, g.Tk, g.dk, T(1), {doh, g.D, 1}, {g.block(v, n, g.Tk), 1, g.D}, T(0),
+                         {dp + n * g.Tq * g.Tk, g.Tk, 1});
+  }
+}
+
+// dS from dP in place (the softmax's, masked_fill's and the division's backward), then
+// dQ = dS K and dK = dSᵀ Q (each when given), for heads [begin, end).
+template <class T>
+void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T* q, const T* k,
+                          T* ds, T* dq, T* dk, int64_t begin, int64_t end) {
+  const T div = static_cast<T>(std::sqrt(static_cast<double>(g.dk)));
+  for (int64_t n = begin; n < end; ++n) {
+    T* dsh = ds + n * g.Tq * g.Tk;
+    const T* ph = p + n * g.Tq * g.Tk;
+    const bool* kb = keep == nullptr ? nullptr : keep + (n / g.h) * g.Tq * g.Tk;
+    for (int64_t i = 0; i < g.Tq; ++i) {
+      T* d = dsh + i * g.Tk;
+      const T* y = ph + i * g.Tk;
+      double acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < g.Tk; ++j) acc += d[j] * y[j];
+      const T dot = static_cast<T>(acc);
+#pragma omp simd
+      for (int64_t j = 0; j < g.Tk; ++j) d[j] = y[j] * (d[j] - dot) / div;
+      if (kb != nullptr) {
+        const bool* m = kb + i * g.Tk;
+        for (int64_t j = 0; j < g.Tk; ++j)
+          if (!m[j]) d[j] = T(0);
+      }
+    }
+    if (dq != nullptr)
+      detail::loop_gemm<T>(g.Tq, g.dk, g.Tk, T(1), {dsh, g.Tk, 1}, {g.block(k, n, g.Tk), g.D, 1},
+                           T(0), {g.block(dq, n, g.Tq), g.D, 1});
+    if (dk != nullptr)
+      detail::loop_gemm<T>(g.Tk, g.dk, g.Tq, T(1), {dsh, 1, g.Tk}, {g.block(q, n, g.Tq), g.D, 1},
+                           T(0), {g.block(dk, n, g.Tk), g.D, 1});
+  }
+}
+
+// Note [Head attention]; inputs q, k, v.
+struct HeadAttentionBackward final : Node {
+  HeadAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p,
+                        const Tensor& pd, Tensor keep, AttentionDropout dropout, Heads heads)
+      : keep_(std::move(keep)), dropout_(dropout), heads_(heads) {
+    save(q_, q), save(k_, k), save(v_, v), save(p_, p), save(pd_, pd);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor dout = grads[0].contiguous();
+    const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get(), &pd = pd_.get();
+    const Heads& g = heads_;
+    Tensor dq = needs_grad(0) ? empty(q.shape(), q.dtype()) : Tensor();
+    Tensor dk = needs_grad(1) ? empty(k.shape(), k.dtype()) : Tensor();
+    Tensor dv = needs_grad(2) ? empty(v.shape(), v.dtype()) : Tensor();
+    Tensor dp = empty(p.shape(), p.dtype());
+    const bool* keep = keep_.defined() ? keep_.data<bool>() : nullptr;
+    dispatch_float(q.dtype(), op(), [&]<class T>() {
+      const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+      const auto values = [&](int64_t begin, int64_t end) {
+        head_backward_values<T>(g, pd.data<T>(), v.data<T>(), dout.data<T>(), ptr(dv), ptr(dp),
+                                begin, end);
+      };
+      const auto scores = [&](int64_t begin, int64_t end) {
+        head_backward_scores<T>(g, p.data<T>(), keep, q.data<T>(), k.data<T>(), dp.data<T>(),
+                                ptr(dq), ptr(dk), begin, end);
+      };
+      if (dropout_.kind == AttentionDropout::None) {
+        over_heads(g, [&](int64_t begin, int64_t end) { values(begin, end), scores(begin, end); });
+        return;
+      }
+      over_heads(g, values);
+      dp = apply_attention_dropout(dp, dropout_, op());
+      over_heads(g, scores);
+    });
+    return {dq, dk, dv};
+  }
+  Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
+  AttentionDropout dropout_;
+  Heads heads_;
+  SavedTensor q_, k_, v_, p_, pd_;
+};
+
+}  // namespace
+
+HeadAttention head_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                             int64_t heads, const Tensor& keep, double dropout_p) {
+  constexpr std::string_view op = "head_attention";
+  profile::Scope scope(op);
+  check_attention_dtypes(query, key, value, op);
+  EMBER_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3 &&
+                  key.size(0) == query.size(0) && value.size(0) == query.size(0) &&
+                  key.size(2) == query.size(2) && value.size(2) == query.size(2) &&
+                  value.size(1) == key.size(1),
+              "{}: q {}, k {} and v {} must be (B, Tq, D), (B, Tk, D) and (B, Tk, D)", op,
+              query.shape(), key.shape(), value.shape());
+  const int64_t D = query.size(2);
+  EMBER_CHECK(heads > 0 && D % heads == 0,
+              "{}: {} features (q {}) do not split into {} heads; heads must divide them", op, D,
+              query.shape(), heads);
+  EMBER_CHECK(dropout_p >= 0 && dropout_p <= 1, "{}: dropout_p has to be in [0, 1], got {}", op,
+              dropout_p);
+  const Heads g{query.size(0), heads, D / heads, query.size(1), key.size(1), D};
+  Tensor kept;  // Bool (B, Tq, Tk), contiguous
+  if (keep.defined()) {
+    const Shape shape{g.B, g.Tq, g.Tk};
+    bool fits = keep.dim() <= 3;
+    for (int64_t d = 1; fits && d <= keep.dim(); ++d)
+      fits = keep.size(-d) == 1 || keep.size(-d) == shape.end()[-d];
+    EMBER_CHECK(fits, "{}: keep of shape {} does not broadcast to (B, Tq, Tk) = {}", op,
+                keep.shape(), shape);
+    NoGradGuard no_grad;
+    kept = expand(ne(keep, 0.0), shape).contiguous();
+  }
+  const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
+  const AttentionDropout drop = attention_dropout(dropout_p);
+  Tensor p = empty({g.B, g.h, g.Tq, g.Tk}, q.dtype()), pd = p;
+  Tensor out = empty(q.shape(), q.dtype());
+  const bool* kp = kept.defined() ? kept.data<bool>() : nullptr;
+  dispatch_float(q.dtype(), op, [&]<class T>() {
+    const auto weights = [&](int64_t begin, int64_t end) {
+      head_weights<T>(g, q.data<T>(), k.data<T>(), kp, p.data<T>(), begin, end);
+    };
+    const auto values = [&](int64_t begin, int64_t end) {
+      head_values<T>(g, pd.data<T>(), v.data<T>(), out.data<T>(), begin, end);
+    };
+    if (drop.kind == AttentionDropout::None) {
+      over_heads(g, [&](int64_t begin, int64_t end) { weights(begin, end), values(begin, end); });
+      return;
+    }
+    over_heads(g, weights);
+    pd = apply_attention_dropout(p, drop, op);
+    over_heads(g, values);
+  });
+  out = record<HeadAttentionBackward>(op, out, {query, key, value}, q, k, v, p, pd, kept, drop, g);
+  return {out, pd};
 }
 
 }  // namespace ember

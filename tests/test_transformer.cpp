@@ -405,6 +405,135 @@ BOOST_AUTO_TEST_CASE(gradcheck_multi_headed_attention) {
   expect_error([&] { nn::attention(x, x.narrow(-1, 0, 5), x); }, {"attention", "[2, 3, 5]"});
 }
 
+// head_attention (Note [Head attention]) against the original's steps it replaces in
+// MultiHeadedAttention: split into heads, attention(), merge; values, p_attn and the gradients.
+namespace {
+
+struct HeadsRun {
+  Tensor values, p_attn, dq, dk, dv;
+};
+
+HeadsRun heads_run(bool fused, const Tensor& q0, const Tensor& k0, const Tensor& v0, int64_t h,
+                   const Tensor& keep, double p, uint64_t seed) {
+  const Tensor q = q0.detach().requires_grad_(), k = k0.detach().requires_grad_(),
+               v = v0.detach().requires_grad_();
+  manual_seed(seed);
+  Tensor values, p_attn;
+  if (fused) {
+    HeadAttention out = head_attention(q, k, v, h, keep, p);
+    values = out.values, p_attn = out.p_attn;
+  } else {
+    const int64_t B = q.size(0), dk = q.size(2) / h;
+    const auto split = [&](const Tensor& x) { return x.view({B, -1, h, dk}).transpose(1, 2); };
+    const nn::Dropout dropout(p);
+    const nn::AttentionOutput out = nn::attention(
+        split(q), split(k), split(v), keep.defined() ? keep.unsqueeze(1) : keep, &dropout);
+    values = out.values.transpose(1, 2).contiguous().view({B, -1, h * dk});
+    p_attn = out.p_attn.detach();
+  }
+  const Tensor w = arange(0, static_cast<double>(values.numel()), 1, values.dtype())
+                       .view(values.shape())
+                       .sin();  // a fixed, uneven upstream gradient
+  (values * w).sum().backward();
+  return {values.detach(), p_attn, q.grad(), k.grad(), v.grad()};
+}
+
+void expect_same_heads(const HeadsRun& a, const HeadsRun& b, double rtol, double atol,
+                       const std::string& what) {
+  expect_close(a.values, b.values, rtol, atol, what + " values");
+  expect_close(a.p_attn, b.p_attn, rtol, atol, what + " p_attn");
+  expect_close(a.dq, b.dq, rtol, atol, what + " dq");
+  expect_close(a.dk, b.dk, rtol, atol, what + " dk");
+  expect_close(a.dv, b.dv, rtol, atol, what + " dv");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(head_attention_matches_the_original_steps) {
+  manual_seed(21);
+  const int64_t B = 3, Tq = 5, Tk = 7, h = 2, D = 8;
+  const Tensor q = randn({B, Tq, D}, kFloat64), k = randn({B, Tk, D}, kFloat64) * 2,
+               v = randn({B, Tk, D}, kFloat64);
+  // A padding mask (B, 1, Tk), a full (B, Tq, Tk) one with a row where no key is kept (uniform
+  // weights, zero gradient to its scores), and none.
+  Tensor pad = ones({B, 1, Tk}, kBool);
+  pad.narrow(0, 1, 1).narrow(2, 4, 3).fill_(false);
+  Tensor full = rand({B, Tq, Tk}, kFloat64).gt(0.3);
+  full.narrow(0, 2, 1).narrow(1, 3, 1).fill_(false);
+  for (const Tensor& keep : {pad, full, Tensor()}) {
+    for (const double p : {0.0, 0.25, 1.0}) {
+      const std::string what =
+          fmt::format("keep {} p {}", keep.defined() ? keep.shape() : Shape{}, p);
+      expect_same_heads(heads_run(true, q, k, v, h, keep, p, 5),
+                        heads_run(false, q, k, v, h, keep, p, 5), 1e-12, 1e-12, what);
+      expect_same_heads(
+          heads_run(true, q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), h, keep, p, 5),
+          heads_run(false, q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), h, keep, p, 5), 1e-5,
+          1e-5, what + " Float32");
+    }
+  }
+  // The fully masked row is uniform, as the original's -1e9 fill gives.
+  const HeadsRun r = heads_run(true, q, k, v, h, full, 0.0, 5);
+  expect_close(r.p_attn.select(0, 2).select(1, 3),
+               full_like(r.p_attn.select(0, 2).select(1, 3), 1.0 / Tk), 1e-12, 1e-12,
+               "uniform row");
+  // A NaN score makes its row NaN and leaves the others.
+  Tensor qn = q.clone();
+  qn.select(0, 0).select(0, 1).select(0, 0).fill_(std::nan(""));
+  const HeadAttention nan_out = head_attention(qn, k, v, h);
+  BOOST_TEST(std::isnan(
+      nan_out.p_attn.select(0, 0).select(0, 0).select(0, 1).select(0, 0).item<double>()));
+  BOOST_TEST(!std::isnan(
+      nan_out.p_attn.select(0, 0).select(0, 0).select(0, 0).select(0, 0).item<double>()));
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_head_attention) {
+  manual_seed(22);
+  const Tensor keep = from_vector(std::vector<double>{1, 1, 1, 0, 1, 1, 1, 1}, {2, 1, 4}, kBool);
+  // k read through a permuted view (not contiguous), v broadcast-free, two heads of 3.
+  const Tensor q = leaf({2, 3, 6}), kt = leaf({6, 4, 2}), v = leaf({2, 4, 6});
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        return head_attention(in[0], in[1].permute({2, 1, 0}), in[2], 2, keep).values;
+      },
+      {q, kt, v}, "head_attention");
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        manual_seed(3);  // the same dropout mask at every evaluation
+        return head_attention(in[0], in[1].permute({2, 1, 0}), in[2], 3, Tensor(), 0.3).values;
+      },
+      {q, kt, v}, "head_attention with dropout");
+  // Empty: no batch rows, no keys.
+  const HeadAttention none = head_attention(leaf({0, 3, 6}), leaf({0, 4, 6}), leaf({0, 4, 6}), 2);
+  BOOST_TEST((none.values.shape() == Shape{0, 3, 6}));
+  BOOST_TEST((none.p_attn.shape() == Shape{0, 2, 3, 4}));
+  const Tensor q1 = leaf({1, 3, 6});
+  const HeadAttention no_keys = head_attention(q1, leaf({1, 0, 6}), leaf({1, 0, 6}), 2);
+  expect_close(no_keys.values, zeros({1, 3, 6}, kFloat64), 0, 0, "no keys");
+  no_keys.values.sum().backward();
+  expect_close(q1.grad(), zeros({1, 3, 6}, kFloat64), 0, 0, "no keys dq");
+}
+
+BOOST_AUTO_TEST_CASE(head_attention_errors) {
+  const Tensor x = randn({2, 3, 6}), y = randn({2, 4, 6});
+  expect_error([&] { head_attention(x, y, y, 4); }, {"head_attention", "6", "4 heads"});
+  expect_error([&] { head_attention(x, y, y, 0); }, {"head_attention", "0 heads"});
+  expect_error([&] { head_attention(x, y, y.narrow(1, 0, 3), 2); },
+               {"head_attention", "[2, 3, 6]", "[2, 4, 6]"});
+  expect_error([&] { head_attention(x, y.narrow(0, 0, 1), y, 2); },
+               {"head_attention", "[1, 4, 6]"});
+  expect_error([&] { head_attention(x.view({6, 6}), y, y, 2); }, {"head_attention", "[6, 6]"});
+  expect_error([&] { head_attention(x, y.to(kFloat64), y, 2); }, {"head_attention", "Float64"});
+  expect_error(
+      [&] {
+        head_attention(x, y, y, 2, ones({2, 3, 5}, kBool));
+      },
+      {"head_attention", "keep", "[2, 3, 5]", "[2, 3, 4]"});
+  expect_error([&] { head_attention(x, y, y, 2, {}, 1.5); },
+               {"head_attention", "dropout_p", "1.5"});
+  expect_error([&] { head_attention(randint(0, 3, {2, 3, 6}), y, y, 2); }, {"head_attention"});
+}
+
 BOOST_AUTO_TEST_CASE(gradcheck_tiny_encoder_decoder) {
   manual_seed(7);
   auto model = nn::make_model(7, 7, 1, 8, 12, 2, 0.0);
