@@ -1125,16 +1125,16 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
     for (int64_t i = 0; i < g.Tq; ++i) {
       T* d = dsh + i * g.Tk;
       const T* y = ph + i * g.Tk;
-      double acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t j = 0; j < g.Tk; ++j) acc += d[j] * y[j];
-      const T dot = static_cast<T>(acc);
-#pragma omp simd
-      for (int64_t j = 0; j < g.Tk; ++j) d[j] = y[j] * (d[j] - dot) / div;
+      T part[4] = {};  // four interleaved partial sums, as short_row_reduce
+      int64_t j = 0;
+      for (; j + 4 <= g.Tk; j += 4)
+        for (int u = 0; u < 4; ++u) part[u] += d[j + u] * y[j + u];
+      for (; j < g.Tk; ++j) part[0] += d[j] * y[j];
+      const T dot = (part[0] + part[1]) + (part[2] + part[3]);
+      for (j = 0; j < g.Tk; ++j) d[j] = y[j] * (d[j] - dot) / div;
       if (kb != nullptr) {
-        const bool* m = kb + i * g.Tk;
-        for (int64_t j = 0; j < g.Tk; ++j)
-          if (!m[j]) d[j] = T(0);
+        const auto* m = reinterpret_cast<const unsigned char*>(kb + i * g.Tk);
+        for (j = 0; j < g.Tk; ++j) d[j] = m[j] != 0 ? d[j] : T(0);
       }
     }
     if (dq != nullptr)
