@@ -57,9 +57,13 @@ int64_t threshold_scale() {
 
 // Note [Parallel thresholds]
 int64_t parallel_grain() {
-  static const int64_t grain = 65536 * threshold_scale();
+  static const int64_t grain = [] {
+    const char* forced = std::getenv("EMBER_PARALLEL_GRAIN");  // for measuring other grains
+    return forced != nullptr ? std::max<int64_t>(1, std::atoll(forced)) : 65536 * threshold_scale();
+  }();
   return grain;
 }
+int64_t costly_grain() { return std::max<int64_t>(1, parallel_grain() / 4); }
 int64_t blas_parallel_work() {
   static const int64_t work = (int64_t{1} << 20) * threshold_scale();
   return work;

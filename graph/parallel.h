@@ -21,7 +21,12 @@ int get_num_threads();
 // at ~1M elements, products at ~8-16M multiply-adds). Measured by ember_bench's grain/ rows at
 // 1 and 2 threads under both policies (BENCHMARKS.md). The policy is read once, from the
 // environment OpenMP itself reads, so a run's thread decisions (and its bits) do not vary.
+// EMBER_PARALLEL_GRAIN=n sets parallel_grain() to n instead (read once too), to measure others.
 int64_t parallel_grain();
 int64_t blas_parallel_work();
+// Loops that do several times x * y's work per element (a hash, an exponential, a row's passes
+// of layer_norm or softmax) split from a quarter of parallel_grain(): exp(x) ran faster on 2
+// threads than on 1 from 16,384 elements (Zen 5: 2.6 against 3.7 us), x * y only from ~32,768.
+int64_t costly_grain();
 
 }  // namespace ember

@@ -50,9 +50,10 @@ void parallel_for(int64_t n, F&& body, int64_t grain = parallel_grain()) {
                   [&](int64_t t, int64_t count) { body(n * t / count, n * (t + 1) / count); });
 }
 
-// The row count from which a loop over rows of `row_length` elements is worth splitting.
-inline int64_t row_grain(int64_t row_length) {  // row_length 0 counts as 1
-  return std::max<int64_t>(2, parallel_grain() / std::max<int64_t>(row_length, 1));
+// The row count from which a loop over rows of `row_length` elements is worth splitting, for
+// loops split from `grain` elements.
+inline int64_t row_grain(int64_t row_length, int64_t grain = parallel_grain()) {
+  return std::max<int64_t>(2, grain / std::max<int64_t>(row_length, 1));  // length 0 counts as 1
 }
 
 // Strides of `t` viewed with shape `shape` (a broadcast of t's shape): 0 along broadcast dims.

@@ -40,7 +40,7 @@ struct Rows {
   int64_t start(int64_t r) const {
     return starts.empty() ? (r / inner) * n * inner + r % inner : starts[r];
   }
-  bool parallel() const { return count > 1 && count * n >= parallel_grain(); }
+  bool parallel() const { return count > 1 && count * n >= costly_grain(); }
 };
 
 Rows rows_along(const Tensor& t, int64_t dim) {
@@ -75,7 +75,7 @@ void for_each_row(const Rows& rows, F f) {
       [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) f(r);
       },
-      row_grain(rows.n));
+      row_grain(rows.n, costly_grain()));
 }
 
 // --- softmax and log_softmax
@@ -192,7 +192,7 @@ void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
           }
         }
       },
-      row_grain(n));
+      row_grain(n, costly_grain()));
 }
 
 // softmax_row on a contiguous row, pass by pass: the max and the sum in lanes, the exponentials
@@ -366,7 +366,7 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
           }
         }
       },
-      row_grain(N));
+      row_grain(N, costly_grain()));
 }
 
 // Backward of the forward above, g (M, N) contiguous; dx, dweight, dbias may be null:
@@ -379,7 +379,7 @@ void layer_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
 template <class T>
 void layer_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, int64_t M, int64_t N) {
-  const bool parallel = M > 1 && M * N >= parallel_grain();
+  const bool parallel = M > 1 && M * N >= costly_grain();
   const bool param_grads = dweight || dbias;
   const int max_threads = parallel ? get_num_threads() : 1;
   std::vector<double> partial(param_grads ? 2 * N * max_threads : 0, 0.0);
@@ -564,25 +564,29 @@ DropoutMask dropout_mask(double p) {
 template <class T>
 void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m) {
   const int64_t half = n / 2;
-  parallel_for(half, [&, m](int64_t begin, int64_t end) {
-    // Locals by value: GCC 12 does not vectorise a loop that reads a by-reference capture.
-    constexpr int64_t kBlock = 256;
-    const uint64_t key = m.key;
-    const uint32_t threshold = m.threshold;
-    const T scale = static_cast<T>(m.scale);
-    uint32_t lo[kBlock], hi[kBlock];
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const int64_t len = std::min(kBlock, end - b);
-      for (int64_t j = 0; j < len; ++j) {
-        const uint64_t bits = counter_bits(key, static_cast<uint64_t>(b + j));
-        lo[j] = static_cast<uint32_t>(bits);
-        hi[j] = static_cast<uint32_t>(bits >> 32);
-      }
-      for (int64_t j = 0; j < len; ++j) out[b + j] = x[b + j] * (lo[j] < threshold ? T(0) : scale);
-      for (int64_t j = 0; j < len; ++j)
-        out[b + half + j] = x[b + half + j] * (hi[j] < threshold ? T(0) : scale);
-    }
-  });
+  parallel_for(
+      half,
+      [&, m](int64_t begin, int64_t end) {
+        // Locals by value: GCC 12 does not vectorise a loop that reads a by-reference capture.
+        constexpr int64_t kBlock = 256;
+        const uint64_t key = m.key;
+        const uint32_t threshold = m.threshold;
+        const T scale = static_cast<T>(m.scale);
+        uint32_t lo[kBlock], hi[kBlock];
+        for (int64_t b = begin; b < end; b += kBlock) {
+          const int64_t len = std::min(kBlock, end - b);
+          for (int64_t j = 0; j < len; ++j) {
+            const uint64_t bits = counter_bits(key, static_cast<uint64_t>(b + j));
+            lo[j] = static_cast<uint32_t>(bits);
+            hi[j] = static_cast<uint32_t>(bits >> 32);
+          }
+          for (int64_t j = 0; j < len; ++j)
+            out[b + j] = x[b + j] * (lo[j] < threshold ? T(0) : scale);
+          for (int64_t j = 0; j < len; ++j)
+            out[b + half + j] = x[b + half + j] * (hi[j] < threshold ? T(0) : scale);
+        }
+      },
+      costly_grain() / 2);  // pairs: a hash each
   if (n % 2 == 1) {
     const auto bits = static_cast<uint32_t>(counter_bits(m.key, static_cast<uint64_t>(half)));
     out[n - 1] = x[n - 1] * (bits < m.threshold ? T(0) : static_cast<T>(m.scale));
@@ -802,7 +806,7 @@ void attention_rows(const Tensor& p, int64_t L, T scale, bool causal, const Tens
         [&](int64_t begin, int64_t end) {
           attention_block<Kind>(pp, begin, end, L, S, scale, causal, pm, mr);
         },
-        row_grain(S));
+        row_grain(S, costly_grain()));
   };
   if (!mask.defined()) {
     run.template operator()<MaskKind::None>(static_cast<const T*>(nullptr), Rows{});
@@ -841,7 +845,7 @@ void attention_rows_backward(const Tensor& p, const Tensor& dp, int64_t L, bool 
           std::fill(g + keep, g + S, T(0));
         }
       },
-      row_grain(S));
+      row_grain(S, costly_grain()));
 }
 
 // How dropout was applied to P: not at all, with a mask key, or every element dropped (p = 1).
