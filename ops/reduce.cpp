@@ -95,6 +95,32 @@ void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int6
         grain);
     return;
   }
+  // Fast path: contiguous input reduced over its leading dims (a bias's gradient, the sum of a
+  // (rows, n) gradient's rows): blocks of output columns summed down the rows in registers,
+  // the columns split across threads.
+  size_t lead_end = 0;
+  while (lead_end < reduce.size() && reduce[lead_end]) ++lead_end;
+  bool leading = x.is_contiguous() && lead_end > 0 && out_numel > 0;
+  for (size_t d = lead_end; d < reduce.size(); ++d) leading = leading && !reduce[d];
+  if (leading) {
+    const int64_t n = out_numel, rows = x.numel() / n;
+    constexpr int64_t kColumns = 64;
+    parallel_for(
+        n,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t c0 = begin; c0 < end; c0 += kColumns) {
+            const int64_t w = std::min(kColumns, end - c0);
+            Acc acc[kColumns] = {};
+            for (int64_t r = 0; r < rows; ++r) {
+              const T* row = px + r * n + c0;
+              for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<Acc>(row[j]);
+            }
+            std::copy(acc, acc + w, out + c0);
+          }
+        },
+        std::max<int64_t>(32, parallel_grain() / std::max<int64_t>(rows, 1)));
+    return;
+  }
   StridedLoop<2> loop(x.shape(), {scatter_strides(x.shape(), reduce), x.strides()});
   // Serial: several rows may add into the same output slots.
   loop.run_serial([&](const auto& off, int64_t len, const auto& st) {

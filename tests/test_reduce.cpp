@@ -70,6 +70,26 @@ const OpTable kReduceOps = {
 
 BOOST_AUTO_TEST_SUITE(test_reduce)
 
+// Sums over leading dims of a contiguous tensor take their own loop (columns in blocks of 64,
+// split across threads): against the same sum over a permuted copy, which the strided loop
+// takes, at widths around the block edge and in Int64.
+BOOST_AUTO_TEST_CASE(sum_over_leading_dims) {
+  manual_seed(31);
+  for (const int64_t n : {1, 63, 64, 65, 200}) {
+    const Tensor x = randn({300, n});
+    const Tensor strided =
+        x.transpose(0, 1).contiguous().transpose(0, 1);  // same values, column-major
+    BOOST_TEST((n == 1 || !strided.is_contiguous()));
+    expect_close(sum(x, {0}), sum(strided, {0}), 1e-6, 1e-6, fmt::format("(300, {})", n));
+  }
+  const Tensor y = randn({5, 7, 130}, kFloat64);
+  expect_close(y.sum({0, 1}), y.permute({2, 0, 1}).contiguous().sum({1, 2}), 1e-12, 1e-12,
+               "dims 0, 1");
+  const Tensor i = randint(-50, 50, {40, 70});
+  BOOST_TEST((sum(i, {0}).to_vector<int64_t>() ==
+              sum(i.transpose(0, 1).contiguous().transpose(0, 1), {0}).to_vector<int64_t>()));
+}
+
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
