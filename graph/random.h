@@ -48,11 +48,19 @@ double next_uniform(std::mt19937_64& gen);
 // key + (counter + 1) * golden gamma. Counter-based streams let a kernel draw element i's bits
 // without drawing 0..i-1 first, so it can split across threads and vectorise and still give
 // the same numbers for one seed on any thread count (dropout draws one key per call).
-inline uint64_t counter_bits(uint64_t key, uint64_t counter) {
-  uint64_t z = key + (counter + 1) * 0x9e3779b97f4a7c15ull;
+// Counter c's state is key + (c + 1) * kCounterGamma, so a loop over consecutive counters can step
+// the state by kCounterGamma and mix it (dropout's masks): a multiply fewer per draw.
+inline constexpr uint64_t kCounterGamma = 0x9e3779b97f4a7c15ull;  // 2^64 / the golden ratio
+
+// SplitMix64's output for the state z.
+inline uint64_t counter_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+inline uint64_t counter_bits(uint64_t key, uint64_t counter) {
+  return counter_mix(key + (counter + 1) * kCounterGamma);
 }
 
 Tensor rand(Shape shape, DType dtype = kFloat32);   // U[0, 1)

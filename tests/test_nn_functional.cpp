@@ -305,6 +305,39 @@ BOOST_AUTO_TEST_CASE(dropout_statistics_and_seed) {
   BOOST_TEST((x.dropout(0.3, true).shape() == x.shape()));
 }
 
+BOOST_AUTO_TEST_CASE(dropout_mask_as_defined) {
+  // Note [Dropout masks], element by element: the call's key is one draw of the generator, and
+  // pair j's counter_bits(key, j) decide element j (low half) and j + n/2 (high half), dropped
+  // below p * 2^32; an odd n's last element takes the low half of pair n/2. Every seed of a
+  // recorded run depends on these masks: a kernel may compute them faster, not differently.
+  // counter_bits is SplitMix64: key 0's counters are its stream from seed 0.
+  BOOST_TEST(counter_bits(0, 0) == 0xe220a8397b1dcdafull);
+  BOOST_TEST(counter_bits(0, 1) == 0x6e789e6aa1b965f4ull);
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{513}, int64_t{70001}}) {
+    const double p = 0.3;
+    manual_seed(42);
+    const uint64_t key = random_bits();
+    manual_seed(42);
+    const std::vector<float> y = dropout(ones({n}), p, true).to_vector<float>();
+    const auto threshold = static_cast<uint32_t>(std::ldexp(p, 32));
+    const float scale = static_cast<float>(1.0 / (1.0 - p));
+    const auto factor = [&](uint64_t word) {
+      return static_cast<uint32_t>(word) < threshold ? 0.0f : scale;
+    };
+    const int64_t half = n / 2;
+    std::vector<float> expected(static_cast<size_t>(n));
+    for (int64_t j = 0; j < half; ++j) {
+      const uint64_t bits = counter_bits(key, static_cast<uint64_t>(j));
+      expected[static_cast<size_t>(j)] = factor(bits);
+      expected[static_cast<size_t>(j + half)] = factor(bits >> 32);
+    }
+    if (n % 2 == 1) expected.back() = factor(counter_bits(key, static_cast<uint64_t>(half)));
+    int64_t differ = 0;
+    for (size_t i = 0; i < expected.size(); ++i) differ += y[i] != expected[i];
+    BOOST_TEST(differ == 0, "n = " << n);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(dropout_mask_independent_of_threads) {
   // Counter-based masks: one seed gives one mask on any thread count, odd sizes included,
   // and both halves of each draw are used (no element is dropped in lockstep with another).
