@@ -29,7 +29,7 @@ SGEMM_REF = {
 }
 
 
-TRIAD = "bandwidth/triad a = b + s*c (2^22 floats)"
+TRIAD = "bandwidth/triad b += s*c (2^25 floats)"
 
 RUN_TOTAL = "run/transformer_copy defaults, 20 epochs: whole run"
 RUN_TRAIN = "run/transformer_copy defaults, 20 epochs: training steps"

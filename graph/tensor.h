@@ -126,6 +126,7 @@ class Tensor {
   // --- in place (return *this); see Note [Version counter] in graph/autograd.h
   Tensor& add_(const Tensor& other);
   Tensor& add_(double value);
+  Tensor& add_(const Tensor& other, double alpha);  // self += alpha · other (torch's alpha=)
   Tensor& mul_(const Tensor& other);
   Tensor& mul_(double value);
   Tensor& zero_();

@@ -129,26 +129,34 @@ struct AddAlphaBackward final : Node {
   double alpha_;
 };
 
+// torch's check for alpha: an integral result needs a whole alpha, a Bool one alpha 1. `shown` is
+// the alpha the caller passed (sub negates it).
+void check_alpha(DType result, double alpha, double shown, const Tensor& a, const Tensor& b,
+                 std::string_view op) {
+  EMBER_CHECK(is_floating(result) || (result == kBool ? alpha == 1 : is_whole(alpha)),
+              "{}: alpha {} does not fit the {} result of {} and {} tensors (an integral "
+              "result needs a whole alpha, a Bool one alpha 1)",
+              op, shown, result, a.dtype(), b.dtype());
+}
+
+// x + alpha · y in T (alpha checked by check_alpha).
+auto scaled_sum(double alpha) {
+  return [alpha]<class T>(T x, T y) {
+    if constexpr (std::is_same_v<T, bool>)
+      return bool(x || y);  // alpha 1
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return wrapping_add(x, wrapping_mul(static_cast<int64_t>(alpha), y));
+    else
+      return static_cast<T>(x + static_cast<T>(alpha) * y);
+  };
+}
+
 // a + alpha · b, one pass; sub is alpha negated (named `op` in errors and the graph).
 Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha, std::string_view op) {
   check_defined(a, op);
   check_defined(b, op);
-  const DType t = arith_type(a, b, Integral::Keep);
-  EMBER_CHECK(is_floating(t) || (t == kBool ? alpha == 1 : is_whole(alpha)),
-              "{}: alpha {} does not fit the {} result of {} and {} tensors (an integral "
-              "result needs a whole alpha, a Bool one alpha 1)",
-              op, op == "sub" ? -alpha : alpha, t, a.dtype(), b.dtype());
-  return arith<AddAlphaBackward>(
-      a, b, op, Integral::Keep,
-      [alpha]<class T>(T x, T y) {
-        if constexpr (std::is_same_v<T, bool>)
-          return bool(x || y);  // alpha 1
-        else if constexpr (std::is_same_v<T, int64_t>)
-          return wrapping_add(x, wrapping_mul(static_cast<int64_t>(alpha), y));
-        else
-          return static_cast<T>(x + static_cast<T>(alpha) * y);
-      },
-      alpha);
+  check_alpha(arith_type(a, b, Integral::Keep), alpha, op == "sub" ? -alpha : alpha, a, b, op);
+  return arith<AddAlphaBackward>(a, b, op, Integral::Keep, scaled_sum(alpha), alpha);
 }
 
 }  // namespace
@@ -828,6 +836,13 @@ Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, F
 
 Tensor& Tensor::add_(const Tensor& other) {
   return inplace_binary(*this, other, "add_", []<class T>(T a, T b) { return wrapping_add(a, b); });
+}
+// torch's add_(other, alpha=): self += alpha · other in one pass.
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_defined(*this, "add_");
+  check_defined(other, "add_");
+  check_alpha(arith_type(*this, other, Integral::Keep), alpha, alpha, *this, other, "add_");
+  return inplace_binary(*this, other, "add_", scaled_sum(alpha));
 }
 Tensor& Tensor::mul_(const Tensor& other) {
   return inplace_binary(*this, other, "mul_", []<class T>(T a, T b) { return wrapping_mul(a, b); });

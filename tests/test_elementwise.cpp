@@ -242,6 +242,15 @@ BOOST_AUTO_TEST_CASE(in_place) {
   BOOST_TEST((x.to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3}));
   x.zero_();
   BOOST_TEST(x.sum().item<double>() == 0.0);
+  // torch's add_(other, alpha=): one pass, broadcast, the dtype kept
+  x.add_(tensor({1, 2, 3}), -2.5);
+  BOOST_TEST((x.to_vector<float>() == std::vector<float>{-2.5, -5, -7.5, -2.5, -5, -7.5}));
+  Tensor i = tensor({1, 2}, kInt64);
+  i.add_(tensor({5, 7}, kInt64), 3.0);
+  BOOST_TEST((i.to_vector<int64_t>() == std::vector<int64_t>{16, 23}));
+  Tensor b = tensor({1, 0}, kBool);
+  b.add_(tensor({0, 0}, kBool), 1.0);
+  BOOST_TEST((b.to_vector<bool>() == std::vector<bool>{true, false}));
 }
 
 BOOST_AUTO_TEST_CASE(errors) {
@@ -264,6 +273,11 @@ BOOST_AUTO_TEST_CASE(errors) {
       },
       {"masked_fill", "[3, 3]", "[2, 3]"});
   expect_error([] { ones({2, 3}).add_(ones({4, 3})); }, {"add_", "[4, 3]", "[2, 3]"});
+  expect_error([] { ones({2, 3}).add_(ones({4, 3}), 2.0); }, {"add_", "[4, 3]", "[2, 3]"});
+  expect_error([] { ones({2}, kInt64).add_(ones({2}, kInt64), 0.5); },
+               {"add_", "alpha 0.5", "Int64", "whole"});
+  expect_error([] { ones({2}, kInt64).add_(ones({2}), 1.0); }, {"add_", "Float32", "Int64"});
+  expect_error([] { ones({2}).add_(Tensor(), 1.0); }, {"add_"});
   expect_error(
       [] {
         Tensor x = ones({2}).requires_grad_();
