@@ -541,12 +541,15 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
 namespace {
 
 // Note [Dropout masks]
-// The mask is never stored. One draw of the global generator keys a counter-based stream
-// (counter_bits): pair j's 64 bits decide element j by their low half and element j + n/2 by
-// their high half, dropped when the half is below p * 2^32 (p to within 2^-32). Backward
-// recomputes the same mask from the key, so a dropout costs no memory in the graph, forward and
-// backward are one pass each, the loop vectorises and splits across threads, and one seed gives
-// one mask on any thread count.
+// One draw of the global generator keys a counter-based stream (counter_bits): pair j's 64 bits
+// decide element j by their low half and element j + n/2 by their high half, dropped when the half
+// is below p * 2^32 (p to within 2^-32). The loop vectorises and splits across threads, and one
+// seed gives one mask on any thread count. dropout's forward also writes the mask, a byte an
+// element (as torch's bool mask), for its backward: recomputing it there cost as much as the
+// forward (the hash is most of a pass; on AVX2, without a 64-bit lane multiply, twice the
+// multiply), reading a byte a fraction of it. Attention's dropout of its weights (sdpa,
+// head_attention) still recomputes the mask from the key in its backward, where the weights are
+// few and saving nothing is worth more.
 struct DropoutMask {
   uint64_t key;
   uint32_t threshold;  // p * 2^32, below 2^32 as p < 1
@@ -558,20 +561,28 @@ DropoutMask dropout_mask(double p) {
   return {random_bits(), static_cast<uint32_t>(std::ldexp(p, 32)), 1.0 / (1.0 - p)};
 }
 
-// out[i] = x[i] * (kept(i) ? scale : 0), for contiguous x and out of n elements. Blocks of
-// pairs: the bits first, into 32-bit halves, then the multiply, so that both loops vectorise
-// (GCC 12 does not vectorise one loop that mixes the 64-bit hash with 32-bit floats).
+// out[i] = x[i] * (kept(i) ? scale : 0), for contiguous x and out of n elements, and kept(i) into
+// keep[i] when keep is given. Blocks of pairs: the bits first, into 32-bit halves, then the
+// multiply, so that both loops vectorise (GCC 12 does not vectorise one loop that mixes the 64-bit
+// hash with 32-bit floats).
 template <class T>
-void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m) {
+void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m, bool* keep = nullptr) {
   const int64_t half = n / 2;
+  // keep's bytes written as bytes, 0 or 1: GCC 12 vectorises no loop that stores a bool.
+  unsigned char* kept = reinterpret_cast<unsigned char*>(keep);
   parallel_for(
       half,
-      [&, m](int64_t begin, int64_t end) {
+      [&, m, kept](int64_t begin, int64_t end) {
         // Locals by value: GCC 12 does not vectorise a loop that reads a by-reference capture.
         constexpr int64_t kBlock = 256;
         const uint64_t key = m.key;
         const uint32_t threshold = m.threshold;
         const T scale = static_cast<T>(m.scale);
+        // And the pointers and half: a byte store could otherwise alias the closure's copies.
+        const T* const xs = x;
+        T* const ys = out;
+        unsigned char* const ks = kept;
+        const int64_t h = half;
         uint32_t lo[kBlock], hi[kBlock];
         for (int64_t b = begin; b < end; b += kBlock) {
           const int64_t len = std::min(kBlock, end - b);
@@ -585,34 +596,56 @@ void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m) {
             hi[j] = static_cast<uint32_t>(bits >> 32);
           }
           for (int64_t j = 0; j < len; ++j)
-            out[b + j] = x[b + j] * (lo[j] < threshold ? T(0) : scale);
+            ys[b + j] = xs[b + j] * (lo[j] < threshold ? T(0) : scale);
           for (int64_t j = 0; j < len; ++j)
-            out[b + half + j] = x[b + half + j] * (hi[j] < threshold ? T(0) : scale);
+            ys[b + h + j] = xs[b + h + j] * (hi[j] < threshold ? T(0) : scale);
+          if (ks != nullptr) {
+            for (int64_t j = 0; j < len; ++j) ks[b + j] = lo[j] >= threshold;
+            for (int64_t j = 0; j < len; ++j) ks[b + h + j] = hi[j] >= threshold;
+          }
         }
       },
       costly_grain() / 2);  // pairs: a hash each
   if (n % 2 == 1) {
     const auto bits = static_cast<uint32_t>(counter_bits(m.key, static_cast<uint64_t>(half)));
     out[n - 1] = x[n - 1] * (bits < m.threshold ? T(0) : static_cast<T>(m.scale));
+    if (kept != nullptr) kept[n - 1] = bits >= m.threshold;
   }
 }
 
-Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_view op) {
+// x with m applied (a new tensor of x's shape), and m's kept elements into keep (Bool, x.numel()
+// elements, contiguous) when keep is given.
+Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_view op,
+                          const Tensor& keep = {}) {
   const Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), op, [&]<class T>() {
-    apply_dropout_mask(xc.data<T>(), out.data<T>(), xc.numel(), m);
+    apply_dropout_mask(xc.data<T>(), out.data<T>(), xc.numel(), m,
+                       keep.defined() ? keep.data<bool>() : nullptr);
   });
   return out;
 }
 
-// y = x * mask * scale:  dX = dY * mask * scale, the mask recomputed (Note [Dropout masks])
+// y = x * mask * scale:  dX = dY * mask * scale, the forward's mask read back (Note [Dropout
+// masks]).
 struct DropoutBackward final : Node {
-  explicit DropoutBackward(const DropoutMask& mask) : mask_(mask) {}
+  DropoutBackward(Tensor keep, double scale) : keep_(std::move(keep)), scale_(scale) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {apply_dropout_mask(grads[0], mask_, op())};
+    const Tensor g = grads[0].contiguous();
+    Tensor dx = empty(g.shape(), g.dtype());
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
+      const T* pg = g.data<T>();
+      const auto* kept = reinterpret_cast<const unsigned char*>(keep_.data<bool>());
+      T* out = dx.data<T>();
+      const T scale = static_cast<T>(scale_);
+      parallel_for(g.numel(), [&, pg, kept, out, scale](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = pg[i] * (kept[i] != 0 ? scale : T(0));
+      });
+    });
+    return {dx};
   }
-  DropoutMask mask_;
+  Tensor keep_;  // Bool, one element for each of x's, contiguous
+  double scale_;
 };
 
 }  // namespace
@@ -626,7 +659,9 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   check_floating(x, op);
   if (p == 1) return mul(x, 0.0);  // all dropped, as torch (x * 0: a NaN stays NaN); no 1 / 0
   const DropoutMask mask = dropout_mask(p);
-  return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op), {x}, mask);
+  // The mask only where a backward will read it (where record makes the node).
+  const Tensor keep = any_requires_grad({x}) ? empty({x.numel()}, kBool) : Tensor();
+  return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op, keep), {x}, keep, mask.scale);
 }
 
 // --- embedding

@@ -318,7 +318,10 @@ BOOST_AUTO_TEST_CASE(dropout_mask_as_defined) {
     manual_seed(42);
     const uint64_t key = random_bits();
     manual_seed(42);
-    const std::vector<float> y = dropout(ones({n}), p, true).to_vector<float>();
+    const Tensor x = ones({n}).requires_grad_();
+    const Tensor out = dropout(x, p, true);
+    out.sum().backward();  // the backward's mask, saved by the forward, is the same mask
+    const std::vector<float> y = out.to_vector<float>(), dx = x.grad().to_vector<float>();
     const auto threshold = static_cast<uint32_t>(std::ldexp(p, 32));
     const float scale = static_cast<float>(1.0 / (1.0 - p));
     const auto factor = [&](uint64_t word) {
@@ -332,9 +335,11 @@ BOOST_AUTO_TEST_CASE(dropout_mask_as_defined) {
       expected[static_cast<size_t>(j + half)] = factor(bits >> 32);
     }
     if (n % 2 == 1) expected.back() = factor(counter_bits(key, static_cast<uint64_t>(half)));
-    int64_t differ = 0;
+    int64_t differ = 0, differ_dx = 0;
     for (size_t i = 0; i < expected.size(); ++i) differ += y[i] != expected[i];
+    for (size_t i = 0; i < expected.size(); ++i) differ_dx += dx[i] != expected[i];
     BOOST_TEST(differ == 0, "n = " << n);
+    BOOST_TEST(differ_dx == 0, "n = " << n);
   }
 }
 
