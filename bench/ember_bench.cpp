@@ -77,7 +77,8 @@ void add_op_workloads() {
       },
       passes(3, kTriad));
   // Forward + backward passes: softmax and layer_norm read x and write y, then read dy and y
-  // (x) and write dx: 5; dropout (its mask regenerated, never stored) 4.
+  // (x) and write dx: 5; dropout 4 (x, y, dy, dx; its mask of a byte an element, a quarter
+  // pass written and one read, not counted: a regenerated mask needs none).
   add(
       "op/softmax (64,8,32,32) dim -1", 0,
       [](bool tiny) {
