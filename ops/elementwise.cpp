@@ -477,11 +477,12 @@ Tensor silu(const Tensor& x) {
       });
 }
 
-// y = max(x, 0):  dX = dY where y > 0
+// y = max(x, 0):  dX = dY where y > 0. As torch's: NaN stays NaN and passes its gradient (written
+// as "not <= 0", which NaN is not).
 Tensor relu(const Tensor& x) {
   return unary_math<Integral::Keep>(
-      x, "relu", Saves::Output, [](auto v) { return v > 0 ? v : decltype(v)(0); },
-      [](auto g, auto y) { return y > 0 ? g : decltype(g)(0); });
+      x, "relu", Saves::Output, [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
+      [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); });
 }
 
 // y = |x|:  dX = dY sign(x)

@@ -174,6 +174,14 @@ BOOST_AUTO_TEST_CASE(clamp_minimum_maximum_and_nan_tests) {
   BOOST_TEST((cv[0] == 2 && std::isnan(cv[1]) && cv[2] == 2 && cv[3] == 2 && cv[4] == 2));
   clamp(x, 2.0, 3.0).sum().backward();
   BOOST_TEST((x.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 1, 1}));
+  // relu as torch's: NaN stays NaN and passes its gradient, -0 and negatives give 0.
+  Tensor r = tensor({nan, -1, -0.0, 2}, kFloat64).requires_grad_();
+  const Tensor ry = relu(r);
+  ry.sum().backward();
+  const std::vector<double> rv = ry.to_vector<double>();
+  BOOST_TEST((std::isnan(rv[0]) && rv[1] == 0 && rv[2] == 0 && rv[3] == 2));
+  BOOST_TEST((r.grad().to_vector<double>() == std::vector<double>{1, 0, 0, 1}));
+  BOOST_TEST(std::isnan(relu(tensor({nan})).item<double>()));  // Float32
   // maximum/minimum: NaN wins; ties split the gradient; NaN gives both operands the gradient.
   Tensor a = tensor({1, 2, nan, 3}, kFloat64).requires_grad_();
   Tensor b = tensor({1, 3, 1, nan}, kFloat64).requires_grad_();
