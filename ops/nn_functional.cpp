@@ -638,8 +638,14 @@ struct DropoutBackward final : Node {
       const auto* kept = reinterpret_cast<const unsigned char*>(keep_.data<bool>());
       T* out = dx.data<T>();
       const T scale = static_cast<T>(scale_);
-      parallel_for(g.numel(), [&, pg, kept, out, scale](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) out[i] = pg[i] * (kept[i] != 0 ? scale : T(0));
+      parallel_for(g.numel(), [&](int64_t begin, int64_t end) {
+        // Locals: GCC 12 leaves the loop scalar when it reads the closure's members, which its
+        // float stores could alias (the scale) or which it reloads after each of them.
+        const T* const gs = pg;
+        const unsigned char* const ks = kept;
+        T* const ys = out;
+        const T sc = scale;
+        for (int64_t i = begin; i < end; ++i) ys[i] = gs[i] * (ks[i] != 0 ? sc : T(0));
       });
     });
     return {dx};
