@@ -163,17 +163,70 @@ EMBER_VEC_INLINE T row_sum(const T* x, int64_t n) {
 // of softmax_row would run in their scalar remainders, so a block of rows goes pass by pass
 // instead: each row's max and shift, then the exponentials as one long loop over the block, then
 // each row's sum and scale. Same arithmetic as softmax_row.
+//
+// Rows of one to four whole vectors (16, 32 or 48 floats with AVX-512) take softmax_vector_rows,
+// where each row's max and sum are its vectors' in registers, reduced once, and no pass is a loop
+// over n: per row, a loop's set-up and its tail cost more than the row's arithmetic.
+template <int NV, bool Log, class T>
+EMBER_VEC_INLINE void softmax_vector_rows(const T* xb, T* yb, T* exps, int64_t count) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  constexpr int64_t W = L::kWidth, n = NV * W;
+  for (int64_t r = 0; r < count; ++r) {
+    V v[NV];
+    for (int u = 0; u < NV; ++u) v[u] = L::load(xb + r * n + u * W);
+    V m = v[0];
+    for (int u = 1; u < NV; ++u) m = L::max(m, v[u]);
+    const T shift = L::max_of(m);
+    for (int u = 0; u < NV; ++u) {
+      const V d = v[u] - shift;
+      std::memcpy(yb + r * n + u * W, &d, sizeof d);
+    }
+  }
+  T* e = Log ? exps : yb;
+  for (int64_t i = 0; i < count * n; ++i) e[i] = vexp_nonpositive(yb[i]);
+  for (int64_t r = 0; r < count; ++r) {
+    V v[NV];
+    V s = {};
+    for (int u = 0; u < NV; ++u) s += v[u] = L::load(e + r * n + u * W);
+    const T sum = L::sum_of(s);
+    const T log_s = Log ? static_cast<T>(std::log(sum)) : T(0), inv = static_cast<T>(1.0 / sum);
+    for (int u = 0; u < NV; ++u) {
+      const V out = Log ? L::load(yb + r * n + u * W) - log_s : v[u] * inv;
+      std::memcpy(yb + r * n + u * W, &out, sizeof out);
+    }
+  }
+}
+
 template <bool Log, class T>
 void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
   const int64_t block_rows = std::max<int64_t>(1, kShortRowBlock / n);
+  constexpr int64_t W = Lanes<T>::kWidth;
+  const int64_t vectors = n % W == 0 ? n / W : 0;
   parallel_for(
       rows,
-      [&, n, block_rows](int64_t begin, int64_t end) {
+      [&, n, block_rows, vectors](int64_t begin, int64_t end) {
         T exps[kShortRowBlock + kShortRow];
         for (int64_t b = begin; b < end; b += block_rows) {
-          const int64_t len = std::min(block_rows, end - b) * n;
+          const int64_t count = std::min(block_rows, end - b), len = count * n;
           const T* xb = x + b * n;
           T* yb = y + b * n;
+          switch (vectors) {
+            case 1:
+              softmax_vector_rows<1, Log>(xb, yb, exps, count);
+              continue;
+            case 2:
+              softmax_vector_rows<2, Log>(xb, yb, exps, count);
+              continue;
+            case 3:
+              softmax_vector_rows<3, Log>(xb, yb, exps, count);
+              continue;
+            case 4:
+              softmax_vector_rows<4, Log>(xb, yb, exps, count);
+              continue;
+            default:
+              break;
+          }
           for (int64_t at = 0; at < len; at += n) {
             const T m = row_max(xb + at, n);
             for (int64_t j = 0; j < n; ++j) yb[at + j] = xb[at + j] - m;
@@ -251,9 +304,10 @@ inline void softmax_backward_row(const T* g, const T* y, T* dx, int64_t s, int64
   }
 }
 
-// softmax_backward_row on contiguous rows, the sum in lanes.
+// softmax_backward_row on contiguous rows, the sum in lanes; inlined, so that a constant n (rows
+// of whole vectors, SoftmaxBackward) leaves no loop.
 template <bool Log, class T>
-void softmax_backward_contiguous_row(const T* g, const T* y, T* dx, int64_t n) {
+EMBER_VEC_INLINE void softmax_backward_contiguous_row(const T* g, const T* y, T* dx, int64_t n) {
   if constexpr (Log) {
     const T sum = row_sum(g, n);
 #pragma omp simd
@@ -281,6 +335,18 @@ struct SoftmaxBackward final : Node {
       const T *pg = g.data<T>(), *py = y.data<T>();
       T* px = grad_x.data<T>();
       const int64_t s = rows.stride, n = rows.n;
+      // Contiguous rows of one to four whole vectors with n a constant (as softmax_vector_rows).
+      const auto vector_rows = [&]<int64_t N>(std::integral_constant<int64_t, N>) {
+        for_each_row(rows, [&](int64_t r) {
+          const int64_t at = rows.start(r);
+          softmax_backward_contiguous_row<Log>(pg + at, py + at, px + at, N);
+        });
+      };
+      constexpr int64_t W = Lanes<T>::kWidth;
+      if (s == 1 && n == W) return vector_rows(std::integral_constant<int64_t, W>{});
+      if (s == 1 && n == 2 * W) return vector_rows(std::integral_constant<int64_t, 2 * W>{});
+      if (s == 1 && n == 3 * W) return vector_rows(std::integral_constant<int64_t, 3 * W>{});
+      if (s == 1 && n == 4 * W) return vector_rows(std::integral_constant<int64_t, 4 * W>{});
       for_each_row(rows, [&](int64_t r) {
         const int64_t at = rows.start(r);
         if (s == 1)

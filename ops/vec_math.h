@@ -337,14 +337,16 @@ struct Lanes {
     return r;
   }
   EMBER_VEC_INLINE static V max(V a, V b) { return a > b ? a : b; }
-  // The sum (max) of every lane: vectors, then halves, then the last few scalars.
-  EMBER_VEC_INLINE T total() const {
-    return reduce((v[0] + v[1]) + (v[2] + v[3]), [](auto a, auto b) { return a + b; });
+  // The sum (max) of every lane of one vector: halves, then the last few scalars.
+  EMBER_VEC_INLINE static T sum_of(V x) {
+    return reduce(x, [](auto a, auto b) { return a + b; });
   }
-  EMBER_VEC_INLINE T max_total() const {
-    const auto op = [](auto a, auto b) { return a > b ? a : b; };
-    return reduce(op(op(v[0], v[1]), op(v[2], v[3])), op);
+  EMBER_VEC_INLINE static T max_of(V x) {
+    return reduce(x, [](auto a, auto b) { return a > b ? a : b; });
   }
+  // ... of every lane of the kWays vectors.
+  EMBER_VEC_INLINE T total() const { return sum_of((v[0] + v[1]) + (v[2] + v[3])); }
+  EMBER_VEC_INLINE T max_total() const { return max_of(max(max(v[0], v[1]), max(v[2], v[3]))); }
 
  private:
   template <size_t Bytes>

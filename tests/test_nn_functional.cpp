@@ -181,17 +181,30 @@ BOOST_AUTO_TEST_CASE(softmax_extremes_stay_finite) {
 }
 
 BOOST_AUTO_TEST_CASE(softmax_short_and_long_rows_agree) {
-  // Contiguous rows shorter than 64 go block by block, longer and strided ones row by row: both
-  // paths (dim -1 of x, dim 0 of its transpose) must give the same values, Float32 and Float64,
-  // with rows spanning several blocks and odd lengths (lane sums from 16, four ways from 64).
+  // Contiguous rows shorter than 64 go block by block (rows of one to four whole vectors held in
+  // registers), longer and strided ones row by row: both paths (dim -1 of x, dim 0 of its
+  // transpose) must give the same values and gradients, Float32 and Float64, with rows spanning
+  // several blocks and odd lengths (lane sums from 16, four ways from 64; 8 to 48 are one to four
+  // vectors of AVX2 or AVX-512).
   for (DType dt : {kFloat32, kFloat64})
-    for (int64_t n : {1, 3, 10, 16, 17, 32, 63, 64, 100, 1000}) {
-      const Tensor x = randn({301, n}, dt) * 4;
+    for (int64_t n : {1, 3, 8, 10, 16, 17, 24, 32, 48, 63, 64, 100, 1000}) {
+      const Tensor x = randn({301, n}, dt) * 4, up = randn({301, n}, dt);
       const std::string what = fmt::format("{} rows of {}", dt, n);
       expect_close(softmax(x, -1), softmax(x.transpose(0, 1), 0).transpose(0, 1), 1e-6, 1e-7,
                    "softmax " + what);
       expect_close(log_softmax(x, -1), log_softmax(x.transpose(0, 1), 0).transpose(0, 1), 1e-6,
                    1e-6, "log_softmax " + what);
+      for (const bool log : {false, true}) {
+        const auto rows = [log](const Tensor& t) {
+          return log ? log_softmax(t, -1) : softmax(t, -1);
+        };
+        const auto columns = [log](const Tensor& t) {
+          const Tensor c = t.transpose(0, 1);
+          return (log ? log_softmax(c, 0) : softmax(c, 0)).transpose(0, 1);
+        };
+        expect_close(grad_through(rows, x, up), grad_through(columns, x, up), 1e-5, 1e-6,
+                     fmt::format("{} backward, {}", log ? "log_softmax" : "softmax", what));
+      }
     }
 }
 
