@@ -128,10 +128,12 @@ EMBER_BF16 void pack_b(const float* b, int64_t sk, int64_t sn, int64_t kc, int64
 
 // The kMR x kNR tile of C at c: mr x nr of it are stored (the rest is padding). A's strip word
 // (p, i) is at pa[p · a_step + i · kAStride]. `first`: the first block of k, where beta · C is
-// added (beta == 0 reads nothing); later blocks add to C.
+// added (beta == 0 reads nothing), or the tile's nr floats of bias when given; later blocks add
+// to C.
 template <int64_t kAStride>
 EMBER_BF16 void kernel(int64_t kp, const uint32_t* pa, int64_t a_step, const uint32_t* pb, float* c,
-                       int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta, bool first) {
+                       int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta, bool first,
+                       const float* bias) {
   __m512 acc[kMR][2];
 #pragma GCC unroll 12
   for (int i = 0; i < kMR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -153,12 +155,15 @@ EMBER_BF16 void kernel(int64_t kp, const uint32_t* pa, int64_t a_step, const uin
                        : nr > 16 ? __mmask16((1u << (nr - 16)) - 1)
                                  : __mmask16(0);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(first ? beta : 1.0f);
-  const bool read = !first || beta != 0.0f;
+  const bool add_bias = first && bias != nullptr, read = !first || (!add_bias && beta != 0.0f);
+  const __m512 bias0 = add_bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 bias1 = add_bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 12
   for (int i = 0; i < kMR; ++i) {  // unrolled, so that acc stays in registers
     if (i == mr) break;
     float* ci = c + i * ldc;
-    __m512 v0 = _mm512_mul_ps(va, acc[i][0]), v1 = _mm512_mul_ps(va, acc[i][1]);
+    __m512 v0 = add_bias ? _mm512_fmadd_ps(va, acc[i][0], bias0) : _mm512_mul_ps(va, acc[i][0]);
+    __m512 v1 = add_bias ? _mm512_fmadd_ps(va, acc[i][1], bias1) : _mm512_mul_ps(va, acc[i][1]);
     if (read) {
       v0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), v0);
       v1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), v1);
@@ -172,7 +177,7 @@ EMBER_BF16 void kernel(int64_t kp, const uint32_t* pa, int64_t a_step, const uin
 
 EMBER_BF16 void gemm_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                           bool a_trans, int64_t lda, const float* b, bool b_trans, int64_t ldb,
-                          float beta, float* c, int64_t ldc) {
+                          float beta, float* c, int64_t ldc, const float* bias) {
   // Element strides of op(A) along k and along m, of op(B) along k and along n.
   const int64_t a_sk = a_trans ? lda : 1, a_sm = a_trans ? 1 : lda;
   const int64_t b_sk = b_trans ? 1 : ldb, b_sn = b_trans ? ldb : 1;
@@ -198,12 +203,13 @@ EMBER_BF16 void gemm_bf16(int64_t m, int64_t n, int64_t k, float alpha, const fl
           for (int64_t is = 0; is < a_strips; ++is) {
             float* tile = c + (i0 + is * kMR) * ldc + j0 + js * kNR;
             const int64_t mr = std::min<int64_t>(kMR, mc - is * kMR);
+            const float* tile_bias = bias ? bias + j0 + js * kNR : nullptr;
             if (a_trans)
               kernel<1>(kp, packed_a.data() + is * kMR, ld, pb, tile, ldc, mr, nr, alpha, beta,
-                        l0 == 0);
+                        l0 == 0, tile_bias);
             else
               kernel<kRowWords>(kp, packed_a.data() + is * kMR * kRowWords, 1, pb, tile, ldc, mr,
-                                nr, alpha, beta, l0 == 0);
+                                nr, alpha, beta, l0 == 0, tile_bias);
           }
         }
       }

@@ -87,17 +87,25 @@ Operand blas_operand(const Tensor& x) {
 
 // C (m, n) row-major with leading dim ldc = alpha · op(A) · op(B) + beta · C, op(A) (m, k), all
 // of m, n, k >= 1 (empty products take the plain loop below, as BLAS rejects their ld of 0), on
-// this thread.
+// this thread. With a bias (n values), C = alpha · op(A) · op(B) + bias in every row, beta unused:
+// the bfloat16 kernel adds it as it stores C, for BLAS it is copied into C's rows first.
 template <class T>
 void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la,
-                      const T* b, BlasLayout lb, T beta, T* c, int64_t ldc) {
+                      const T* b, BlasLayout lb, T beta, T* c, int64_t ldc,
+                      const T* bias = nullptr) {
   const auto i = [](int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>) {
     if (float32_matmul_uses_bfloat16()) {
       detail::gemm_bf16(m, n, k, alpha, a, la.trans == CblasTrans, la.ld, b, lb.trans == CblasTrans,
-                        lb.ld, beta, c, ldc);
+                        lb.ld, beta, c, ldc, bias);
       return;
     }
+  }
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
+    beta = T(1);
+  }
+  if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
                 i(lb.ld), beta, c, i(ldc));
   } else {
@@ -117,11 +125,11 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
 
 template <class T>
 void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la, const T* b,
-               BlasLayout lb, T beta, T* c, int64_t ldc) {
+               BlasLayout lb, T beta, T* c, int64_t ldc, const T* bias = nullptr) {
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int threads = omp_in_parallel() ? 1 : get_num_threads();
   if (threads == 1 || m * n * k < blas_parallel_work()) {
-    blas_gemm_serial(m, n, k, alpha, a, la, b, lb, beta, c, ldc);
+    blas_gemm_serial(m, n, k, alpha, a, la, b, lb, beta, c, ldc, bias);
     return;
   }
   const bool by_rows = m >= n;
@@ -133,10 +141,11 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
     const int64_t begin = edge(t), end = edge(t + 1);
     if (begin < end && by_rows) {
       const T* rows = a + begin * (la.trans == CblasNoTrans ? la.ld : 1);
-      blas_gemm_serial(end - begin, n, k, alpha, rows, la, b, lb, beta, c + begin * ldc, ldc);
+      blas_gemm_serial(end - begin, n, k, alpha, rows, la, b, lb, beta, c + begin * ldc, ldc, bias);
     } else if (begin < end) {
       const T* cols = b + begin * (lb.trans == CblasNoTrans ? 1 : lb.ld);
-      blas_gemm_serial(m, end - begin, k, alpha, a, la, cols, lb, beta, c + begin, ldc);
+      blas_gemm_serial(m, end - begin, k, alpha, a, la, cols, lb, beta, c + begin, ldc,
+                       bias ? bias + begin : nullptr);
     }
   });
 }
@@ -322,12 +331,23 @@ void loop_product(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMa
 }
 
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
-// A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ.
+// A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ. With a bias (n values, linear's),
+// c = alpha · a · b + bias in every row, beta unused.
 template <class T>
-void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta) {
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta,
+               const Tensor& bias = {}) {
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
-  if (const Loop loop = product_loop<T>(m, n, k); loop != Loop::None) {
+  const Loop loop = product_loop<T>(m, n, k);
+  // The bias goes down to the kernels of row-major products; the others start from it in c.
+  const bool bias_in_kernel =
+      bias.defined() && loop == Loop::None && blas_layout(c)->trans == CblasNoTrans;
+  const Tensor bias_values = bias_in_kernel ? bias.contiguous() : Tensor();
+  if (bias.defined() && !bias_in_kernel) {
+    copy_into(c, bias);
+    beta = T(1);
+  }
+  if (loop != Loop::None) {
     loop_product<T>(loop, m, n, k, alpha, strided<const T>(a), strided<const T>(b), beta,
                     strided<T>(c));
     return;
@@ -336,7 +356,7 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T bet
   const BlasLayout lc = *blas_layout(c);
   if (lc.trans == CblasNoTrans) {
     blas_gemm<T>(m, n, k, alpha, oa.t.data<T>(), oa.layout, ob.t.data<T>(), ob.layout, beta,
-                 c.data<T>(), lc.ld);
+                 c.data<T>(), lc.ld, bias_in_kernel ? bias_values.data<T>() : nullptr);
   } else {
     blas_gemm<T>(n, m, k, alpha, ob.t.data<T>(), flipped(ob.layout), oa.t.data<T>(),
                  flipped(oa.layout), beta, c.data<T>(), lc.ld);
@@ -659,11 +679,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape shape = in.shape();
   shape.back() = out_features;
   Tensor out = empty(shape, dtype);
-  // x (N, in) · Wᵀ (in, out) onto the bias pre-broadcast into every row of out (beta = 1)
+  // x (N, in) · Wᵀ (in, out) + the bias in every row of out
   const Tensor x_rows = rows_of(in);
   const Tensor out_rows = make_view(out, {x_rows.size(0), out_features}, {out_features, 1}, 0);
-  if (b.defined()) copy_into(out_rows, b);
-  gemm(x_rows, mT(w), out_rows, 1.0, b.defined() ? 1.0 : 0.0);
+  dispatch_float(dtype, op,
+                 [&]<class T>() { gemm_into<T>(x_rows, mT(w), out_rows, T(1), T(0), b); });
   return record<LinearBackward>(op, out, {in, w, b}, in, x_rows, w);
 }
 

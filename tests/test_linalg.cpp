@@ -447,6 +447,36 @@ BOOST_AUTO_TEST_CASE(medium_precision_rounds_operands_to_bfloat16) {
   expect_close(matmul(x, y), reference_matmul(x, y), 1e-12, 1e-12, "Float64 under medium");
 }
 
+BOOST_AUTO_TEST_CASE(linear_adds_its_bias_in_the_product) {
+  // linear's bias goes down into the product: copied into the rows of C each thread writes before
+  // BLAS, or added by the bfloat16 kernel as it stores C (in its first block of k only). Rows and
+  // columns split across threads, several blocks of k, a product below the threads' threshold.
+  manual_seed(12);
+  for (const auto& [rows, in, out] :
+       {std::tuple{300, 80, 45}, std::tuple{40, 300, 530}, std::tuple{13, 7, 70}}) {
+    const Tensor x = randn({rows, in}), w = randn({out, in}), bias = randn({out});
+    for (const std::string precision : {"highest", "medium"}) {
+      PrecisionScope scope(precision);
+      const bool bf16 = float32_matmul_uses_bfloat16();
+      const Tensor xr = bf16 ? round_to_bfloat16(x) : x.to(kFloat64);
+      const Tensor wr = bf16 ? round_to_bfloat16(w) : w.to(kFloat64);
+      const Tensor want = reference_matmul(xr, wr.transpose(0, 1)) + bias.to(kFloat64);
+      const Tensor bound =
+          reference_matmul(x.to(kFloat64).abs(), w.to(kFloat64).abs().transpose(0, 1)) *
+              (4e-8 * in) +
+          bias.to(kFloat64).abs() * 1e-7 + 1e-30;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        const Tensor y = linear(x, w, bias).to(kFloat64);
+        BOOST_TEST(
+            ((y - want).abs() / bound).max().item<double>() <= 1.0,
+            fmt::format("({}, {}) -> {}, {}, {} threads", rows, in, out, precision, threads));
+      }
+      set_num_threads(0);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(medium_precision_trains_like_float32) {
   // The products of backward round too; a small regression fitted both ways ends at about the
   // same loss, and the medium gradients are within bfloat16's precision of the Float32 ones.
