@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "graph/autograd.h"
@@ -71,6 +72,24 @@ BufferCache& buffer_cache() {
 size_t rounded_bytes(size_t nbytes) {
   return nbytes == 0 ? kAlignment : (nbytes + kAlignment - 1) / kAlignment * kAlignment;
 }
+
+// Note [Huge pages]
+// A buffer of 2 MB or more is aligned to 2 MB, its length rounded up to whole 2 MB pages, and
+// advised to the kernel as huge-page memory (madvise MADV_HUGEPAGE, what Linux's transparent
+// huge pages act on in their default "madvise" mode; PyTorch's CPU allocator does the same
+// under THP_MEM_ALLOC_ENABLE). A pass over a large tensor then takes a TLB miss per 2 MB
+// instead of per 4 KB: b += 3c over 128 MB arrays ran at 34-37 GB/s on one Zen 4 core and
+// 59-67 GB/s on two, against 26-28 and 48 with 4 KB pages (a plain OpenMP loop, BENCHMARKS.md).
+// The advice is only advice: where the kernel has no THP, nothing changes.
+constexpr size_t kHugePage = size_t(2) << 20;
+
+void* allocate(size_t rounded) {
+  if (rounded < kHugePage) return std::aligned_alloc(kAlignment, rounded);
+  const size_t length = (rounded + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, length);
+  if (p != nullptr) (void)madvise(p, length, MADV_HUGEPAGE);
+  return p;
+}
 // The machine's memory in bytes: a buffer larger than this can never be filled, and with memory
 // overcommit the allocation itself could succeed and the process be killed later.
 size_t physical_memory() {
@@ -90,7 +109,7 @@ Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
               nbytes, nbytes / 1073741824.0, physical_memory() / 1073741824.0);
   const size_t rounded = rounded_bytes(nbytes);
   data_ = buffer_cache().take(rounded);
-  if (data_ == nullptr) data_ = std::aligned_alloc(kAlignment, rounded);
+  if (data_ == nullptr) data_ = allocate(rounded);
   if (data_ == nullptr)
     throw Error(fmt::format("tensor: cannot allocate {} bytes (out of memory)", nbytes));
 }
