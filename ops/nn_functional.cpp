@@ -167,6 +167,17 @@ EMBER_VEC_INLINE T row_sum(const T* x, int64_t n) {
 // Rows of one to four whole vectors (16, 32 or 48 floats with AVX-512) take softmax_vector_rows,
 // where each row's max and sum are its vectors' in registers, reduced once, and no pass is a loop
 // over n: per row, a loop's set-up and its tail cost more than the row's arithmetic.
+// f(std::integral_constant<int, NV>{}) when a row of n elements is NV = 1 to 4 whole vectors of
+// T (softmax_vector_rows, and the backward's rows with n a constant); false, calling nothing, else.
+template <class T, class F>
+bool with_row_vectors(int64_t n, F&& f) {
+  constexpr int64_t W = Lanes<T>::kWidth;
+  return [&]<int... NV>(std::integer_sequence<int, NV...>) {
+    return ((n == NV * W && (f(std::integral_constant<int, NV>{}), true)) || ...);
+  }
+  (std::integer_sequence<int, 1, 2, 3, 4>{});
+}
+
 template <int NV, bool Log, class T>
 EMBER_VEC_INLINE void softmax_vector_rows(const T* xb, T* yb, T* exps, int64_t count) {
   using L = Lanes<T>;
@@ -201,32 +212,18 @@ EMBER_VEC_INLINE void softmax_vector_rows(const T* xb, T* yb, T* exps, int64_t c
 template <bool Log, class T>
 void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n) {
   const int64_t block_rows = std::max<int64_t>(1, kShortRowBlock / n);
-  constexpr int64_t W = Lanes<T>::kWidth;
-  const int64_t vectors = n % W == 0 ? n / W : 0;
   parallel_for(
       rows,
-      [&, n, block_rows, vectors](int64_t begin, int64_t end) {
+      [&, n, block_rows](int64_t begin, int64_t end) {
         T exps[kShortRowBlock + kShortRow];
         for (int64_t b = begin; b < end; b += block_rows) {
           const int64_t count = std::min(block_rows, end - b), len = count * n;
           const T* xb = x + b * n;
           T* yb = y + b * n;
-          switch (vectors) {
-            case 1:
-              softmax_vector_rows<1, Log>(xb, yb, exps, count);
-              continue;
-            case 2:
-              softmax_vector_rows<2, Log>(xb, yb, exps, count);
-              continue;
-            case 3:
-              softmax_vector_rows<3, Log>(xb, yb, exps, count);
-              continue;
-            case 4:
-              softmax_vector_rows<4, Log>(xb, yb, exps, count);
-              continue;
-            default:
-              break;
-          }
+          if (with_row_vectors<T>(n, [&]<int NV>(std::integral_constant<int, NV>) {
+                softmax_vector_rows<NV, Log>(xb, yb, exps, count);
+              }))
+            continue;
           for (int64_t at = 0; at < len; at += n) {
             const T m = row_max(xb + at, n);
             for (int64_t j = 0; j < n; ++j) yb[at + j] = xb[at + j] - m;
@@ -336,17 +333,14 @@ struct SoftmaxBackward final : Node {
       T* px = grad_x.data<T>();
       const int64_t s = rows.stride, n = rows.n;
       // Contiguous rows of one to four whole vectors with n a constant (as softmax_vector_rows).
-      const auto vector_rows = [&]<int64_t N>(std::integral_constant<int64_t, N>) {
-        for_each_row(rows, [&](int64_t r) {
-          const int64_t at = rows.start(r);
-          softmax_backward_contiguous_row<Log>(pg + at, py + at, px + at, N);
-        });
-      };
-      constexpr int64_t W = Lanes<T>::kWidth;
-      if (s == 1 && n == W) return vector_rows(std::integral_constant<int64_t, W>{});
-      if (s == 1 && n == 2 * W) return vector_rows(std::integral_constant<int64_t, 2 * W>{});
-      if (s == 1 && n == 3 * W) return vector_rows(std::integral_constant<int64_t, 3 * W>{});
-      if (s == 1 && n == 4 * W) return vector_rows(std::integral_constant<int64_t, 4 * W>{});
+      if (s == 1 && with_row_vectors<T>(n, [&]<int NV>(std::integral_constant<int, NV>) {
+            for_each_row(rows, [&](int64_t r) {
+              const int64_t at = rows.start(r);
+              softmax_backward_contiguous_row<Log>(pg + at, py + at, px + at,
+                                                   NV * Lanes<T>::kWidth);
+            });
+          }))
+        return;
       for_each_row(rows, [&](int64_t r) {
         const int64_t at = rows.start(r);
         if (s == 1)
