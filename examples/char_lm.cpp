@@ -61,7 +61,7 @@ struct Config {
 };
 
 // What a run computes with: metrics.json's "config" and DIR/run.json, which --resume reads
-// (program::config_to_json / config_from_json; --iters may change on --resume, so a run can be
+// (program::config_to_json / resume_config; --iters may change on --resume, so a run can be
 // extended; threads, logging and --max-steps are the process's own).
 template <class F>
 void config_fields(Config& c, F&& f) {
@@ -88,10 +88,6 @@ void config_fields(Config& c, F&& f) {
 
 Json config_json(const Config& c) {
   return program::config_to_json(c, [](Config& x, auto f) { config_fields(x, f); });
-}
-Config config_from_json(const Json& j, const Config& flags, bool iters_given) {
-  return program::config_from_json(
-      j, flags, [](Config& x, auto f) { config_fields(x, f); }, iters_given ? "iters" : "");
 }
 
 double seconds_since(Clock::time_point start) {
@@ -393,10 +389,22 @@ class Trainer {
   void checkpoint() {
     save_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_, progress.counters());
   }
+  // Continues the checkpointed run. An evaluation the run made only because it ended there (an
+  // earlier --iters) is not one this run makes, so it is dropped: a run extended from any
+  // iteration ends as one never stopped.
   void resume() {
     progress = Progress::from(load_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_),
                               checkpoint_path());
+    Progress& p = progress;
+    for (size_t i = p.eval_at.size(); i-- > 0;) {
+      if (evaluates_at(p.eval_at[i])) continue;
+      p.eval_at.erase(p.eval_at.begin() + static_cast<std::ptrdiff_t>(i));
+      p.train_loss.erase(p.train_loss.begin() + static_cast<std::ptrdiff_t>(i));
+      p.val_loss.erase(p.val_loss.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
+  // Whether this run evaluates at iteration `it`: every --eval-interval and at the end.
+  bool evaluates_at(int64_t it) const { return it % c_.eval_interval == 0 || it == c_.iters; }
 
   // Trains up to --iters, evaluating every --eval-interval iterations and at the end. False when
   // --max-steps stopped it first (after a checkpoint).
@@ -405,7 +413,7 @@ class Trainer {
     int64_t steps = 0;
     double window_seconds = 0;
     for (;; ++p.iter) {
-      if ((p.iter % c_.eval_interval == 0 || p.iter == c_.iters) && !p.evaluated(p.iter)) {
+      if (evaluates_at(p.iter) && !p.evaluated(p.iter)) {
         evaluate();
         checkpoint();
       }
@@ -443,10 +451,16 @@ class Trainer {
     }
   }
 
-  // Mean loss over --eval-iters random batches of each split (eval mode, no graph).
+  // Mean loss over --eval-iters random batches of each split (eval mode, no graph). The batches
+  // come from a stream of their own, seeded by --seed and the iteration, and the training
+  // stream is put back after: where a run evaluates (or ends, or is stopped) changes no training
+  // batch, so a run stopped anywhere and resumed trains as one never stopped. (nanoGPT's
+  // estimate_loss draws from the training stream.)
   void evaluate() {
     NoGradGuard no_grad;
     model_->eval();
+    const Tensor training_stream = get_rng_state();
+    manual_seed(counter_bits(c_.seed, static_cast<uint64_t>(progress.iter)));
     double mean[2] = {0, 0};
     for (int s = 0; s < 2; ++s) {
       for (int64_t i = 0; i < c_.eval_iters; ++i) {
@@ -455,6 +469,7 @@ class Trainer {
       }
       mean[s] /= static_cast<double>(c_.eval_iters);
     }
+    set_rng_state(training_stream);
     guard_.check_loss(mean[1], fmt::format("the validation loss at iteration {}", progress.iter));
     progress.eval_at.push_back(progress.iter);
     progress.train_loss.push_back(mean[0]);
@@ -618,14 +633,16 @@ int main(int argc, char** argv) {
   program::add_threads_option(app, c.threads);
   CLI::Option* out_option = app.add_option("--out", out, "output directory");
   app.add_option("--resume", resume, "continue the run saved in this directory")
-      ->check(CLI::ExistingDirectory)
-      ->excludes(out_option);
+      ->check(CLI::ExistingDirectory);
   app.add_option("--load", load, "generate with the model saved in this directory")
       ->check(CLI::ExistingDirectory)
       ->excludes(out_option);
   return program::run("char_lm", app, argc, argv, [&] {
     if (!resume.empty()) {
-      c = config_from_json(program::resume_config(resume, run_options), c, iters->count() > 0);
+      program::check_resume_out(out_option, out, resume);
+      c = program::resume_config(
+          resume, c, [](Config& x, auto f) { config_fields(x, f); }, run_options,
+          iters->count() > 0 ? "iters" : "");
       out = resume;
     }
     if (c.d_model % c.heads != 0)

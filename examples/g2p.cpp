@@ -56,7 +56,7 @@ struct Config {
 };
 
 // What a run computes with: metrics.json's "config" and DIR/run.json, which --resume reads
-// (program::config_to_json / config_from_json; --epochs may change on --resume, so a run can be
+// (program::config_to_json / resume_config; --epochs may change on --resume, so a run can be
 // extended; threads, logging and --max-steps are the process's own).
 template <class F>
 void config_fields(Config& c, F&& f) {
@@ -83,10 +83,6 @@ void config_fields(Config& c, F&& f) {
 
 Json config_json(const Config& c) {
   return program::config_to_json(c, [](Config& x, auto f) { config_fields(x, f); });
-}
-Config config_from_json(const Json& j, const Config& flags, bool epochs_given) {
-  return program::config_from_json(
-      j, flags, [](Config& x, auto f) { config_fields(x, f); }, epochs_given ? "epochs" : "");
 }
 
 double seconds_since(Clock::time_point start) {
@@ -612,15 +608,17 @@ int main(int argc, char** argv) {
   program::add_threads_option(app, c.threads);
   CLI::Option* out_option = app.add_option("--out", out, "output directory");
   app.add_option("--resume", resume, "continue the run saved in this directory")
-      ->check(CLI::ExistingDirectory)
-      ->excludes(out_option);
+      ->check(CLI::ExistingDirectory);
   app.add_option("--load", load, "pronounce words with the model saved in this directory")
       ->check(CLI::ExistingDirectory);
   app.add_option("--predict", words, "words to pronounce (needs --load; else read stdin)")
       ->needs("--load");
   return program::run("g2p", app, argc, argv, [&] {
     if (!resume.empty()) {
-      c = config_from_json(program::resume_config(resume, run_options), c, epochs->count() > 0);
+      program::check_resume_out(out_option, out, resume);
+      c = program::resume_config(
+          resume, c, [](Config& x, auto f) { config_fields(x, f); }, run_options,
+          epochs->count() > 0 ? "epochs" : "");
       out = resume;
     }
     if (c.d_model % c.heads != 0)

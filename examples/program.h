@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -160,31 +161,71 @@ nlohmann::ordered_json config_to_json(Config c, Fields fields) {
   return j;
 }
 
-// `flags` with every field but `keep` (one the command line may change on --resume, or none)
-// taken from run.json; a field that run.json lacks (it was written before the field existed)
-// keeps its default.
-template <class Config, class Fields>
-Config config_from_json(const nlohmann::ordered_json& j, Config flags, Fields fields,
-                        std::string_view keep = {}) {
-  fields(flags, [&](const char* name, auto& value) {
-    if (name != keep && j.contains(name)) j.at(name).get_to(value);
-  });
-  return flags;
+// The flag that sets field `name`: "--d-model" for "d_model".
+inline std::string flag_of(std::string_view name) {
+  std::string flag = "--" + std::string(name);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
 }
 
-// --resume DIR: the configuration the run was started with, DIR/run.json. The options that set
-// what a run computes (`run_options`) cannot be given again: that is a usage error.
-inline nlohmann::ordered_json resume_config(const std::string& dir,
-                                            const std::vector<CLI::Option*>& run_options) {
-  for (const CLI::Option* o : run_options)
-    if (o->count() > 0)
-      throw UsageError(
-          fmt::format("{} cannot be given with --resume: the run's configuration is in {}/run.json",
-                      o->get_name(), dir));
+// --resume DIR: `flags` with every field but `keep` (the one the command line may change on
+// --resume, such as --iters, or none) taken from DIR/run.json; a field that run.json lacks (it was
+// written before the field existed) was the default. The first command line may be given again
+// with --resume added: a run option (`run_options`, the flags that set what a run computes) whose
+// value equals the run's is accepted, one that differs is a usage error naming the flag, both
+// values and run.json.
+template <class Config, class Fields>
+Config resume_config(const std::string& dir, Config flags, Fields fields,
+                     const std::vector<CLI::Option*>& run_options, std::string_view keep = {}) {
   const std::string path = dir + "/run.json";
   std::ifstream in(path);
   EMBER_CHECK(in.good(), "--resume: cannot read {}", path);
-  return nlohmann::ordered_json::parse(in);
+  nlohmann::ordered_json run;
+  try {
+    run = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("--resume: {} is not valid JSON: {}", path, e.what()));
+  }
+  EMBER_CHECK(run.is_object(), "--resume: {} is not a JSON object", path);
+  const nlohmann::ordered_json defaults = config_to_json(Config{}, fields);
+  std::map<std::string, const CLI::Option*> given;
+  for (const CLI::Option* o : run_options)
+    if (o->count() > 0) given[o->get_name()] = o;
+  fields(flags, [&](const char* name, auto& value) {
+    if (name == keep) return;
+    const nlohmann::ordered_json& was = run.contains(name) ? run.at(name) : defaults.at(name);
+    if (const auto it = given.find(flag_of(name)); it != given.end()) {
+      if (nlohmann::ordered_json(value) != was)
+        throw UsageError(fmt::format(
+            "{} {} differs from the resumed run's {} in {}: a resumed run keeps its configuration",
+            it->first, nlohmann::ordered_json(value).dump(), was.dump(), path));
+      given.erase(it);
+    }
+    try {
+      was.get_to(value);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(
+          fmt::format("--resume: {} has '{}' = {}: {}", path, name, was.dump(), e.what()));
+    }
+  });
+  if (!given.empty())
+    throw UsageError(
+        fmt::format("{} cannot be given with --resume: the run's configuration is in {}",
+                    given.begin()->first, path));
+  return flags;
+}
+
+// --out given with --resume DIR names DIR (the first command line's --out), or is a usage error.
+inline void check_resume_out(const CLI::Option* out_option, const std::string& out,
+                             const std::string& resume) {
+  namespace fs = std::filesystem;
+  if (out_option->count() == 0) return;
+  std::error_code ec1, ec2;
+  const fs::path a = fs::weakly_canonical(out, ec1), b = fs::weakly_canonical(resume, ec2);
+  if (ec1 || ec2 || a != b)
+    throw UsageError(fmt::format(
+        "--out '{}' is not the resumed run's directory '{}': a resumed run writes where it ran",
+        out, resume));
 }
 
 // A run's progress as its training checkpoint's counters (train/checkpoint.h), which are

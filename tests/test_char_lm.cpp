@@ -1,7 +1,7 @@
 // examples/char_lm, the character-level GPT, on a tiny config (skipped when Debian's fortunes
-// package is not installed; make deps installs it): the loss falls, a run stopped by --max-steps
-// and resumed matches one never stopped bit for bit, sampling is seeded, and bad flags fail
-// with one line.
+// package is not installed; make deps installs it): the loss falls, a run ended early (--iters)
+// or stopped (--max-steps) off an evaluation and resumed matches one never stopped bit for bit,
+// sampling is seeded, and bad flags fail with one line.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,9 +40,10 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
       std::filesystem::temp_directory_path() / fmt::format("ember_char_lm_{}", ::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const std::string config =
-      "--layers 1 --heads 2 --d-model 32 --block 16 --batch 8 --iters 40 --warmup 5 "
-      "--lr 3e-3 --eval-interval 10 --eval-iters 4 --sample 30 --threads 1";
+  const std::string model =
+      "--layers 1 --heads 2 --d-model 32 --block 16 --batch 8 --warmup 5 --lr 3e-3 "
+      "--lr-decay-iters 40 --eval-interval 10 --eval-iters 4 --sample 30 --threads 1";
+  const std::string config = model + " --iters 40";
   const std::string a = (dir / "a").string(), b = (dir / "b").string();
   // Each status is read before the stderr it may print: a message argument is evaluated eagerly.
   const auto expect_ok = [&](const std::string& args) {
@@ -58,11 +59,16 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
   for (const char* file : {"model.safetensors", "loss.svg", "checkpoint.safetensors"})
     BOOST_TEST(std::filesystem::exists(dir / "a" / file), file);
 
-  // Stopped twice (once mid-interval), resumed: the same losses, model and sample.
-  expect_ok(fmt::format("{} --out '{}' --max-steps 13", config, b));
+  // Ended at iteration 15 (which evaluates, off the --eval-interval; the learning rate's schedule
+  // is --lr-decay-iters long, so --iters changes no step), extended and stopped by
+  // --max-steps at 28, resumed to the end, each time by the first command line plus --resume: the
+  // same evaluations, losses, model and sample as the run never stopped.
+  expect_ok(fmt::format("{} --iters 15 --out '{}'", model, b));
+  BOOST_TEST(nlohmann::json::parse(read_text(dir / "b/metrics.json")).at("eval_iter") ==
+             nlohmann::json::parse("[0, 10, 15]"));
+  expect_ok(fmt::format("{} --out '{}' --max-steps 13 --resume '{}'", config, b, b));
   BOOST_TEST(read_text(dir / "stdout").find("continue with --resume") != std::string::npos);
-  expect_ok(fmt::format("--resume '{}' --threads 1 --max-steps 10", b));
-  expect_ok(fmt::format("--resume '{}' --threads 1 --sample 30", b));
+  expect_ok(fmt::format("{} --out '{}' --resume '{}'", config, b, b));
   const auto mb = nlohmann::json::parse(read_text(dir / "b/metrics.json"));
   for (const char* key : {"eval_iter", "train_loss", "val_loss", "sample"})
     BOOST_TEST(ma.at(key) == mb.at(key), key << ": " << ma.at(key) << " vs " << mb.at(key));
@@ -100,8 +106,18 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
   // Bad input: one line on stderr, a non-zero status.
   BOOST_TEST(run_char_lm(fmt::format("--load '{}' --prompt 'caf\xe2\x9c\x93'", a), dir) == 1);
   BOOST_TEST(read_text(dir / "stderr").find("not in the vocabulary") != std::string::npos);
+  // --resume with a flag whose value differs from the run's, or another --out: a usage error
+  // naming the flag, both values and run.json.
   BOOST_TEST(run_char_lm(fmt::format("--resume '{}' --layers 2", b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--layers 2 differs from the resumed run's 1 in") !=
+             std::string::npos);
   BOOST_TEST(read_text(dir / "stderr").find("run.json") != std::string::npos);
+  BOOST_TEST(run_char_lm(fmt::format("{} --seed 7 --resume '{}'", config, b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--seed 7 differs from the resumed run's 1337") !=
+             std::string::npos);
+  BOOST_TEST(run_char_lm(fmt::format("--out '{}' --resume '{}'", a, b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("not the resumed run's directory") !=
+             std::string::npos);
   BOOST_TEST(run_char_lm("--data /nonexistent --threads 1", dir) == 1);
   BOOST_TEST(read_text(dir / "stderr").find("fortunes") != std::string::npos);
   std::filesystem::remove_all(dir);

@@ -181,7 +181,8 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
   expect_ok(fmt::format("{} --out '{}' --max-steps 9 --checkpoint-every 4", config, b));
   BOOST_TEST(read_text(dir / "stdout").find("continue with --resume") != std::string::npos);
   BOOST_TEST(!std::filesystem::exists(dir / "b/metrics.json"));
-  expect_ok(fmt::format("--resume '{}' --threads 1 --max-steps 12", b));
+  // The first command line plus --resume continues it.
+  expect_ok(fmt::format("{} --out '{}' --max-steps 12 --resume '{}'", config, b, b));
   BOOST_TEST(read_text(dir / "stdout").find("resumed") != std::string::npos);
   expect_ok(fmt::format("--resume '{}' --threads 1", b));
   const auto ma = nlohmann::json::parse(read_text(dir / "a/metrics.json"));
@@ -192,9 +193,15 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
   BOOST_TEST(read_text(dir / "a/model.safetensors") == read_text(dir / "b/model.safetensors"));
   BOOST_TEST(read_text(dir / "a/predictions.tsv") == read_text(dir / "b/predictions.tsv"));
 
-  // The configuration comes from the run: a flag that would change it is a usage error.
+  // The configuration comes from the run: a flag that would change it, or another --out, is a
+  // usage error.
   BOOST_TEST(run_g2p(fmt::format("--resume '{}' --d-model 64", b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--d-model 64 differs from the resumed run's 32") !=
+             std::string::npos);
   BOOST_TEST(read_text(dir / "stderr").find("run.json") != std::string::npos);
+  BOOST_TEST(run_g2p(fmt::format("--out '{}' --resume '{}'", a, b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("not the resumed run's directory") !=
+             std::string::npos);
   std::filesystem::remove_all(dir);
 }
 #endif
