@@ -1,18 +1,32 @@
-// The backward engine (autograd/engine.cpp), above ops/: Tensor::backward calls run_backward.
-//
-// Note [First-order only]
-// Backward runs under NoGradGuard with raw kernels, so it records no graph: gradients of
-// gradients (double backward, create_graph=true) are not supported, and asking for them throws.
+// The backward engine (autograd/engine.cpp), above ops/: Tensor::backward calls run_backward,
+// and autograd::grad (torch.autograd.grad) runs the same engine returning the gradients of the
+// inputs instead of accumulating them. With create_graph the pass is recorded, so gradients can
+// be differentiated again (Note [Double backward] in graph/autograd.h).
 #pragma once
 
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "graph/autograd.h"
 
 namespace ember {
 
-// Runs backward from `root` (seeded with `grad`, or 1 for a one-element root).
-void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+// Runs backward from `root` (seeded with `grad`, or 1 for a one-element root), accumulating into
+// the leaves' .grad; create_graph records the pass and retains the graph.
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph,
+                  bool create_graph = false);
+
+namespace autograd {
+// torch.autograd.grad: d(outputs)/d(inputs), returned and not accumulated into .grad.
+// grad_outputs: one per output (undefined = ones for a one-element output); retain_graph defaults
+// to create_graph; an input the outputs do not reach is an Error naming it, or an undefined
+// Tensor with allow_unused. Only the Nodes between the outputs and the inputs run.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {},
+                         std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
+                         bool allow_unused = false);
+}  // namespace autograd
 
 // Queues fn to run once the backward pass running on this thread has run every Node, before that
 // backward returns (torch's Variable._execution_engine.queue_callback). Callable only from inside

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <random>
 
+#include "autograd/engine.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "ops/index.h"
 
 namespace ember {
 
@@ -106,6 +108,41 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   }
   if (result.ok) result.message = fmt::format("ok (max abs error {:.3g})", result.max_abs_error);
   return result;
+}
+
+GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                              const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& grad_outputs,
+                              const GradcheckOptions& options) {
+  check_inputs(inputs);
+  std::vector<Tensor> differentiable;
+  for (const Tensor& x : inputs)
+    if (x.defined() && x.requires_grad()) differentiable.push_back(x);
+  std::vector<Tensor> v = grad_outputs;
+  if (v.empty()) {
+    std::mt19937_64 gen(20261203);
+    std::normal_distribution<double> normal;
+    const Tensor y = f(inputs);
+    EMBER_CHECK(y.defined() && is_floating(y.dtype()),
+                "gradgradcheck: f must return a floating tensor");
+    std::vector<double> values(y.numel());
+    for (double& e : values) e = normal(gen);
+    v.push_back(from_vector(values, y.shape(), y.dtype()));
+  }
+  EMBER_CHECK(v.size() == 1, "gradgradcheck: {} grad_outputs for f's one output", v.size());
+  // x -> the first derivatives vᵀ J, one flat tensor (zeros where f does not reach an input).
+  const auto first_derivatives = [&](const std::vector<Tensor>&) {
+    GradModeScope grad_mode(true);  // gradcheck evaluates under NoGradGuard
+    const Tensor y = f(inputs);
+    if (!y.requires_grad()) return zeros({0}, kFloat64);
+    const std::vector<Tensor> grads = autograd::grad({y}, differentiable, v, true, true, true);
+    std::vector<Tensor> flat;
+    for (size_t i = 0; i < grads.size(); ++i)
+      flat.push_back(grads[i].defined() ? grads[i].reshape({-1})
+                                        : zeros({differentiable[i].numel()}, kFloat64));
+    return cat(flat, 0);
+  };
+  return gradcheck(first_derivatives, inputs, options);
 }
 
 }  // namespace ember

@@ -27,4 +27,13 @@ struct GradcheckResult {
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                           const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
 
+// torch.autograd.gradgradcheck: second derivatives by finite differences of the first, against
+// the double backward. The first derivatives, autograd::grad of f with grad_outputs (random and
+// seeded when none are given) and create_graph, flattened and joined into one tensor, are
+// checked with gradcheck.
+GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                              const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& grad_outputs = {},
+                              const GradcheckOptions& options = {});
+
 }  // namespace ember

@@ -44,12 +44,34 @@ Node::~Node() {
   draining = false;
 }
 
+// Note [Saved outputs]: an input that requires grad as itself, anything else as data only.
 void Node::save(SavedTensor& slot, const Tensor& t) {
   if (t.defined()) {
-    slot.data_ = t.detach();  // data only, never the grad_fn: Note [Saved outputs]
+    slot.data_ = t.requires_grad() ? t : t.detach();
     slot.version_ = t.impl()->storage->version();
   }
   saved_.push_back(&slot);
+}
+
+void Node::save_output(SavedTensor& slot, const Tensor& out, uint32_t output_nr) {
+  if (out.defined()) {
+    slot.data_ = out.detach();  // never the grad_fn: that would be this Node (a cycle)
+    slot.version_ = out.impl()->storage->version();
+    slot.output_of_ = this;
+    slot.output_nr_ = output_nr;
+  }
+  saved_.push_back(&slot);
+}
+
+// An alias of the saved data whose grad_fn is the Node that saved it: made while that Node runs
+// under create_graph, so the Node is alive and owned by a shared_ptr.
+Tensor SavedTensor::as_output() const {
+  Tensor out = data_.detach();
+  TensorImpl* impl = out.impl();
+  impl->requires_grad = true;
+  impl->grad_fn = output_of_->shared_from_this();
+  impl->output_nr = output_nr_;
+  return out;
 }
 
 void Node::check_saved() const {
@@ -91,7 +113,10 @@ class AccumulateGrad final : public Node {
     if (g.dtype() != leaf_->dtype) g = g.to(leaf_->dtype);
     {
       std::lock_guard lock(mutex_);
-      if (!leaf_->grad) {
+      if (is_grad_enabled()) {
+        // create_graph: .grad keeps the gradient's graph, summed out of place (as torch).
+        leaf_->grad = (leaf_->grad ? Tensor(leaf_->grad).add(g) : g).impl_ptr();
+      } else if (!leaf_->grad) {
         // Own the buffer: later accumulation writes into it in place.
         const bool owned = g.impl_ptr().use_count() <= 2 && g.impl()->storage.use_count() == 1 &&
                            g.is_contiguous();
@@ -209,7 +234,7 @@ void check_forward_finite(std::string_view op, const Tensor& out) {
 
 // "log_softmax" -> "LogSoftmaxBackward".
 std::string_view Node::name() const {
-  if (name_.empty()) {
+  std::call_once(named_, [this] {
     bool upper = true;
     for (char c : op_) {
       if (c == '_') {
@@ -220,7 +245,7 @@ std::string_view Node::name() const {
       upper = false;
     }
     name_ += "Backward";
-  }
+  });
   return name_;
 }
 

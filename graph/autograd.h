@@ -2,9 +2,21 @@
 // Nodes of its inputs, saved tensors with version checks, grad mode, and the backward engine.
 //
 // Note [Saved outputs]
-// A Node saves tensors as data only: a SavedTensor is an alias of the storage without grad_fn.
-// Edges point from outputs to inputs only, so the graph holds no cycle and dropping the last
-// handle of the loss frees every Node.
+// A Node saves its own outputs as data only: a SavedTensor of an output is an alias of the
+// storage without grad_fn. Edges point from outputs to inputs only, so the graph holds no cycle
+// and dropping the last handle of the loss frees every Node. An input that requires grad is saved
+// as itself (its grad_fn, or the leaf): it points down the graph, never back at the Node, and a
+// backward recorded under create_graph differentiates through it (Note [Double backward]).
+// Anything else is saved as data only.
+//
+// Note [Double backward]
+// With create_graph the engine runs each Node under grad mode, so the ops a Node's apply() calls
+// record a graph of the backward pass, which can be differentiated again. A saved output then
+// comes back (SavedTensor::get) as an output of the Node that saved it, so the second backward
+// reaches the forward's inputs through it. A Node whose apply() is written in raw kernels (which
+// record nothing) says so by not overriding differentiable_backward(); under create_graph the
+// engine gives the gradients it returns a grad_fn that refuses a further backward, naming the
+// Node, instead of letting them pass as constants (torch's once_differentiable).
 //
 // Note [Version counter]
 // Every in-place write bumps its Storage's version. A SavedTensor remembers the version it saw;
@@ -16,6 +28,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +53,19 @@ class NoGradGuard {
   bool prev_;
 };
 
+// RAII: sets grad mode on this thread while alive (on or off), then puts the old mode back
+// (torch's AutoGradMode).
+class GradModeScope {
+ public:
+  explicit GradModeScope(bool on) : prev_(is_grad_enabled()) { set_grad_enabled(on); }
+  ~GradModeScope() { set_grad_enabled(prev_); }
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // Anomaly mode: every op's output and every gradient a Node produces is checked, and the op or
 // Node that made the first NaN/Inf is named in an ember::Error.
 void set_detect_anomaly(bool on);
@@ -51,13 +77,22 @@ inline bool is_anomaly_enabled() { return detail::g_anomaly.load(std::memory_ord
 // A tensor kept for backward as data only, with the storage version it was saved at.
 class SavedTensor {
  public:
-  const Tensor& get() const { return data_; }
+  // The saved tensor; a saved output, under grad mode, as an output of the Node that saved it
+  // (Note [Double backward]).
+  Tensor get() const {
+    if (output_of_ != nullptr && is_grad_enabled() && data_.defined()) [[unlikely]]
+      return as_output();
+    return data_;
+  }
   bool defined() const { return data_.defined(); }
 
  private:
   friend class Node;
+  Tensor as_output() const;
   Tensor data_;
   uint64_t version_ = 0;
+  Node* output_of_ = nullptr;  // for a saved output: the Node it is an output of
+  uint32_t output_nr_ = 0;
 };
 
 struct Edge {
@@ -65,7 +100,7 @@ struct Edge {
   uint32_t input_nr = 0;     // which output of fn the gradient is for
 };
 
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   Node();
   virtual ~Node();
@@ -79,6 +114,11 @@ class Node {
   // grads: one per output (undefined where no gradient flowed). Returns one gradient per input,
   // undefined for inputs that need none; the engine reduces each to its input's shape.
   virtual std::vector<Tensor> apply(std::vector<Tensor>& grads) = 0;
+
+  // True when apply() is written in differentiable ops (or in ops whose own backward is), so
+  // that under create_graph the gradients it returns can be differentiated again (Note [Double
+  // backward]). A Node of raw kernels keeps the default.
+  virtual bool differentiable_backward() const { return false; }
 
   // Which inputs need a gradient (so a Node can skip work for the others).
   bool needs_grad(size_t input) const {
@@ -95,7 +135,9 @@ class Node {
   uint32_t num_outputs = 1;
 
  protected:
-  void save(SavedTensor& slot, const Tensor& t);
+  void save(SavedTensor& slot, const Tensor& t);  // an input (or any tensor but an output)
+  // Output `output_nr` of this Node (Note [Saved outputs]).
+  void save_output(SavedTensor& slot, const Tensor& out, uint32_t output_nr = 0);
 
  private:
   template <class N, class... Args>
@@ -103,8 +145,9 @@ class Node {
 
   std::vector<SavedTensor*> saved_;
   bool released_ = false;
-  std::string_view op_;       // a string literal: op names live as long as the program
-  mutable std::string name_;  // name(), made on first use (profiler, errors)
+  std::string_view op_;           // a string literal: op names live as long as the program
+  mutable std::once_flag named_;  // name(), made on first use (profiler, errors), by one thread
+  mutable std::string name_;
 };
 
 // A Node of type N recording op `op` (a string literal).

@@ -14,7 +14,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/strided.h"
 
@@ -290,40 +289,6 @@ template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template std::vector<bool> Tensor::to_vector<bool>() const;
-
-namespace {
-
-// d(to(x))/dx: the gradient converted back to the input's dtype.
-struct ToBackward final : Node {
-  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {grads[0].to(input_dtypes[0])};
-  }
-};
-
-// clone/contiguous: the identity on values.
-struct CloneBackward final : Node {
-  std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
-};
-
-}  // namespace
-
-Tensor Tensor::to(DType target) const {
-  constexpr std::string_view op = "to";
-  EMBER_CHECK(defined(), "{}: undefined tensor", op);
-  if (target == dtype()) return *this;
-  Tensor out = empty(shape(), target);
-  copy_into(out, *this);
-  if (!is_floating(target)) return out;  // an integral result carries no gradient
-  return record<ToBackward>(op, out, {*this});
-}
-
-Tensor Tensor::clone() const {
-  constexpr std::string_view op = "clone";
-  EMBER_CHECK(defined(), "{}: undefined tensor", op);
-  Tensor out = empty(shape(), dtype());
-  copy_into(out, *this);
-  return record<CloneBackward>(op, out, {*this});
-}
 
 Tensor Tensor::contiguous() const {
   EMBER_CHECK(defined(), "contiguous: undefined tensor");

@@ -117,8 +117,9 @@ class Tensor {
   void set_grad(const Tensor& grad) const;
   const std::shared_ptr<Node>& grad_fn() const { return checked("grad_fn").grad_fn; }
   bool is_leaf() const { return checked("is_leaf").grad_fn == nullptr; }
-  // Gradients of this tensor into every leaf that requires grad (autograd/engine.cpp). First order
-  // only: create_graph=true throws (Note [First-order only] in autograd/engine.h).
+  // Gradients of this tensor into every leaf that requires grad (autograd/engine.cpp).
+  // create_graph=true records the backward pass, so the gradients put into .grad can be
+  // differentiated again; it retains the graph too (torch's retain_graph default).
   void backward(const Tensor& grad = {}, bool retain_graph = false,
                 bool create_graph = false) const;
   Tensor detach() const;

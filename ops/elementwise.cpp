@@ -92,6 +92,7 @@ namespace {
 // c = a + b:  dA = dC,  dB = dC  (the engine sums over broadcast dims)
 struct AddBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0], grads[0]}; }
+  bool differentiable_backward() const override { return true; }
 };
 
 }  // namespace
@@ -108,6 +109,7 @@ struct SubBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {grads[0], needs_grad(1) ? neg(grads[0]) : Tensor()};
   }
+  bool differentiable_backward() const override { return true; }
 };
 
 }  // namespace
@@ -126,6 +128,7 @@ struct AddAlphaBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {grads[0], needs_grad(1) ? mul(grads[0], alpha_) : Tensor()};
   }
+  bool differentiable_backward() const override { return true; }
   double alpha_;
 };
 
@@ -183,6 +186,7 @@ struct MulBackward final : Node {
     return {needs_grad(0) ? mul(g, b_.get()) : Tensor(),
             needs_grad(1) ? mul(g, a_.get()) : Tensor()};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor a_, b_;
 };
 
@@ -204,8 +208,11 @@ struct DivBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     Tensor grad_b;
-    if (needs_grad(1)) {
-      // The operands in the result's dtype (Float32 / Float64 computes in Float64)
+    if (needs_grad(1) && is_grad_enabled()) {  // create_graph: in ops
+      const Tensor b = b_.get();
+      grad_b = div(mul(neg(g), a_.get()), mul(b, b));
+    } else if (needs_grad(1)) {
+      // The operands in the gradient's dtype, one fused pass
       const Tensor a = as_type(a_.get(), g.dtype()), b = as_type(b_.get(), g.dtype());
       dispatch_float(g.dtype(), op(), [&]<class T>() {
         grad_b = empty(g.shape(), g.dtype());
@@ -214,6 +221,7 @@ struct DivBackward final : Node {
     }
     return {needs_grad(0) ? div(g, b_.get()) : Tensor(), grad_b};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor a_, b_;
 };
 
@@ -252,6 +260,7 @@ struct ScaleBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {scale_ == 1.0 ? grads[0] : mul(grads[0], scale_)};
   }
+  bool differentiable_backward() const override { return true; }
   double scale_;
 };
 
@@ -291,9 +300,10 @@ namespace {
 
 // y = s / x:  dX = -dY * s / x² = -dY * y / x
 struct RdivBackward final : Node {
-  RdivBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
+  RdivBackward(const Tensor& x, const Tensor& y) { save(x_, x), save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled()) return {div(mul(neg(g), y_.get()), x_.get())};  // create_graph
     Tensor grad_x = empty(g.shape(), g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       ternary_into<T, T, T, T>(g, y_.get(), x_.get(), grad_x,
@@ -301,6 +311,7 @@ struct RdivBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor x_, y_;
 };
 
@@ -333,18 +344,28 @@ Tensor neg(const Tensor& x) {
 
 namespace {
 
-template <class D>
+// dX = derivative(dY, saved) in one fused kernel; under create_graph the same formula in ops,
+// ops_derivative(dY, saved), which records the backward (Note [Double backward]). An op without
+// one (nullptr) has a first-order backward only.
+template <class D, class O>
 struct UnaryBackward final : Node {
-  UnaryBackward(const Tensor& saved, D derivative) : derivative_(derivative) {
-    save(saved_, saved);
+  static constexpr bool kInOps = !std::is_same_v<O, std::nullptr_t>;
+  UnaryBackward(const Tensor& saved, bool is_output, D derivative, O ops_derivative)
+      : derivative_(derivative), ops_derivative_(ops_derivative) {
+    is_output ? save_output(saved_, saved) : save(saved_, saved);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if constexpr (kInOps) {
+      if (is_grad_enabled()) return {ops_derivative_(g, saved_.get())};
+    }
     return {dispatch_float(g.dtype(), name(), [&]<class T>() {
       return zip<T, T, T>(g, saved_.get(), name(), derivative_);
     })};
   }
+  bool differentiable_backward() const override { return kInOps; }
   D derivative_;
+  O ops_derivative_;
   SavedTensor saved_;
 };
 
@@ -352,8 +373,9 @@ enum class Saves { Input, Output };
 
 // Op `op`: y = f(x) with dX = derivative(dY, saved), `saved` the input or the output as `saves`
 // says. Integral inputs compute in Float32, or in their own dtype with Integral::Keep (relu, abs).
-template <Integral I = Integral::ToFloat, class F, class D>
-Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D derivative) {
+template <Integral I = Integral::ToFloat, class F, class D, class O>
+Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D derivative,
+                  O ops_derivative) {
   profile::Scope scope(op);
   check_defined(input, op);
   if constexpr (I == Integral::Keep) {
@@ -362,7 +384,8 @@ Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D 
   }
   const Tensor x = as_floating(input);
   Tensor out = dispatch_float(x.dtype(), op, [&]<class T>() { return map<T, T>(x, f); });
-  return record<UnaryBackward<D>>(op, out, {input}, saves == Saves::Input ? x : out, derivative);
+  return record<UnaryBackward<D, O>>(op, out, {input}, saves == Saves::Input ? x : out,
+                                     saves == Saves::Output, derivative, ops_derivative);
 }
 
 }  // namespace
@@ -372,14 +395,17 @@ Tensor pow(const Tensor& x, double p) {
   constexpr std::string_view op = "pow";
   if (p == 2.0) {
     return unary_math(
-        x, op, Saves::Input, [](auto v) { return v * v; },
-        [](auto g, auto v) { return g * 2 * v; });
+        x, op, Saves::Input, [](auto v) { return v * v; }, [](auto g, auto v) { return g * 2 * v; },
+        [](const Tensor& g, const Tensor& s) { return mul(mul(g, s), 2.0); });
   }
   return unary_math(
       x, op, Saves::Input, [p](auto v) { return static_cast<decltype(v)>(std::pow(v, p)); },
       [p](auto g, auto v) {
         using T = decltype(v);
         return p == 0 ? T(0) : static_cast<T>(g * p * std::pow(v, p - 1));
+      },
+      [p](const Tensor& g, const Tensor& s) {
+        return p == 0 ? mul(g, 0.0) : mul(g, mul(pow(s, p - 1), p));
       });
 }
 
@@ -391,49 +417,56 @@ Tensor pow(const Tensor& x, double p) {
 Tensor exp(const Tensor& x) {
   return unary_math(
       x, "exp", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vexp(v); },
-      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y; });
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y; },
+      [](const Tensor& g, const Tensor& s) { return mul(g, s); });
 }
 
 // y = log(x):  dX = dY / x
 Tensor log(const Tensor& x) {
   return unary_math(
       x, "log", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vlog(v); },
-      [](auto g, auto v) EMBER_VEC_LAMBDA { return g / v; });
+      [](auto g, auto v) EMBER_VEC_LAMBDA { return g / v; },
+      [](const Tensor& g, const Tensor& s) { return div(g, s); });
 }
 
 // y = sqrt(x):  dX = dY / (2 y)
 Tensor sqrt(const Tensor& x) {
   return unary_math(
       x, "sqrt", Saves::Output, [](auto v) { return std::sqrt(v); },
-      [](auto g, auto y) { return g / (2 * y); });
+      [](auto g, auto y) { return g / (2 * y); },
+      [](const Tensor& g, const Tensor& s) { return div(g, mul(s, 2.0)); });
 }
 
 // y = sin(x):  dX = dY cos(x)
 Tensor sin(const Tensor& x) {
   return unary_math(
       x, "sin", Saves::Input, [](auto v) { return std::sin(v); },
-      [](auto g, auto v) { return g * std::cos(v); });
+      [](auto g, auto v) { return g * std::cos(v); },
+      [](const Tensor& g, const Tensor& s) { return mul(g, cos(s)); });
 }
 
 // y = cos(x):  dX = -dY sin(x)
 Tensor cos(const Tensor& x) {
   return unary_math(
       x, "cos", Saves::Input, [](auto v) { return std::cos(v); },
-      [](auto g, auto v) { return -g * std::sin(v); });
+      [](auto g, auto v) { return -g * std::sin(v); },
+      [](const Tensor& g, const Tensor& s) { return neg(mul(g, sin(s))); });
 }
 
 // y = tanh(x):  dX = dY (1 - y²)
 Tensor tanh(const Tensor& x) {
   return unary_math(
       x, "tanh", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vtanh(v); },
-      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); });
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); },
+      [](const Tensor& g, const Tensor& s) { return mul(g, rsub(mul(s, s), 1.0)); });
 }
 
 // y = 1 / (1 + exp(-x)):  dX = dY y (1 - y)
 Tensor sigmoid(const Tensor& x) {
   return unary_math(
       x, "sigmoid", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vsigmoid(v); },
-      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y * (1 - y); });
+      [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y * (1 - y); },
+      [](const Tensor& g, const Tensor& s) { return mul(mul(g, s), rsub(s, 1.0)); });
 }
 
 // torch's gelu. "none": y = x Φ(x) = x (1 + erf(x / √2)) / 2,  dX = dY (Φ(x) + x φ(x)).
@@ -457,14 +490,16 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
           const T s = vsigmoid(T(1.5957691216057308) * (v + T(0.044715) * v * v * v));
           const T du = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * v * v);
           return g * (s + T(2) * v * s * (T(1) - s) * du);
-        });
+        },
+        nullptr);
   }
   return unary_math(
       x, "gelu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
       [](auto g, auto v) EMBER_VEC_LAMBDA {
         const auto [cdf, pdf] = vnormal_cdf_pdf(v);
         return g * vec_detail::fmadd(v, pdf, cdf);
-      });
+      },
+      nullptr);
 }
 
 // y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))
@@ -474,6 +509,10 @@ Tensor silu(const Tensor& x) {
       [](auto g, auto v) EMBER_VEC_LAMBDA {
         const auto s = vsigmoid(v);
         return g * s * (1 + v * (1 - s));
+      },
+      [](const Tensor& g, const Tensor& x) {
+        const Tensor s = sigmoid(x);
+        return mul(g, mul(s, add(mul(x, rsub(s, 1.0)), 1.0)));
       });
 }
 
@@ -482,7 +521,8 @@ Tensor silu(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   return unary_math<Integral::Keep>(
       x, "relu", Saves::Output, [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
-      [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); });
+      [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); },
+      [](const Tensor& g, const Tensor& s) { return masked_fill(g, le(s, 0.0), 0.0); });
 }
 
 // y = |x|:  dX = dY sign(x)
@@ -492,6 +532,9 @@ Tensor abs(const Tensor& x) {
       [](auto g, auto v) {
         using T = decltype(v);
         return v > 0 ? g : v < 0 ? -g : T(0);
+      },
+      [](const Tensor& g, const Tensor& s) {
+        return sub(masked_fill(g, le(s, 0.0), 0.0), masked_fill(g, ge(s, 0.0), 0.0));
       });
 }
 

@@ -173,11 +173,15 @@ struct CatBackward final : Node {
     for (size_t i = 0; i < grad_inputs.size(); ++i) {
       if (needs_grad(i))
         grad_inputs[i] =
-            stacked ? select_view(g, dim_, offset) : narrow_view(g, dim_, offset, sizes_[i]);
+            !is_grad_enabled()
+                ? (stacked ? select_view(g, dim_, offset) : narrow_view(g, dim_, offset, sizes_[i]))
+                : (stacked ? select(g, dim_, offset)  // create_graph: as ops
+                           : narrow(g, dim_, offset, sizes_[i]));
       offset += stacked ? 1 : sizes_[i];
     }
     return grad_inputs;
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   std::vector<int64_t> sizes_;
 };

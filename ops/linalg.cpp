@@ -22,6 +22,7 @@
 #include "ops/gemm_bf16.h"
 #include "ops/loop_gemm.h"
 #include "ops/reduce.h"
+#include "ops/shape.h"
 #include "ops/vec_math.h"
 
 namespace ember {
@@ -529,10 +530,11 @@ namespace {
 // dim is dropped again.
 struct MatmulBackward final : Node {
   MatmulBackward(const Tensor& a, const Tensor& b) : a_vec_(a.dim() == 1), b_vec_(b.dim() == 1) {
-    if (b.requires_grad()) save(a_, as_left_matrix(a));
-    if (a.requires_grad()) save(b_, as_right_matrix(b));
+    if (b.requires_grad()) save(a_, as_left_matrix(a)), save(a_input_, a);
+    if (a.requires_grad()) save(b_, as_right_matrix(b)), save(b_input_, b);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);
     Tensor g = grads[0];  // back to (batch..., m, n)
     if (a_vec_) g = unsqueeze_view(g, g.dim() - (b_vec_ ? 0 : 1));
     if (b_vec_) g = unsqueeze_view(g, g.dim());
@@ -557,8 +559,26 @@ struct MatmulBackward final : Node {
     }
     return {grad_a, grad_b};
   }
+  // The same in matmul ops, under create_graph; the engine sums over broadcast batch dims.
+  std::vector<Tensor> apply_in_ops(Tensor g) {
+    if (a_vec_) g = unsqueeze(g, g.dim() - (b_vec_ ? 0 : 1));
+    if (b_vec_) g = unsqueeze(g, g.dim());
+    Tensor grad_a, grad_b;
+    if (needs_grad(0)) {
+      const Tensor b = b_vec_ ? unsqueeze(b_input_.get(), 1) : b_input_.get();
+      grad_a = matmul(g, transpose(b, -1, -2));
+      if (a_vec_) grad_a = select(grad_a, -2, 0);
+    }
+    if (needs_grad(1)) {
+      const Tensor a = a_vec_ ? unsqueeze(a_input_.get(), 0) : a_input_.get();
+      grad_b = matmul(transpose(a, -1, -2), g);
+      if (b_vec_) grad_b = select(grad_b, -1, 0);
+    }
+    return {grad_a, grad_b};
+  }
+  bool differentiable_backward() const override { return true; }
   bool a_vec_, b_vec_;
-  SavedTensor a_, b_;
+  SavedTensor a_, b_, a_input_, b_input_;
 };
 
 }  // namespace
@@ -596,9 +616,13 @@ struct BmmBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled())  // create_graph: as bmm ops
+      return {needs_grad(0) ? bmm(g, transpose(b_.get(), 1, 2)) : Tensor(),
+              needs_grad(1) ? bmm(transpose(a_.get(), 1, 2), g) : Tensor()};
     return {needs_grad(0) ? mm(g, mT(b_.get())) : Tensor(),
             needs_grad(1) ? mm(mT(a_.get()), g) : Tensor()};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor a_, b_;
 };
 
@@ -627,10 +651,11 @@ namespace {
 // Each is one gemm (or one reduction) over all N rows at once.
 struct LinearBackward final : Node {
   LinearBackward(const Tensor& x, const Tensor& x_rows, const Tensor& weight) {
-    if (weight.requires_grad()) save(x_rows_, x_rows);
+    if (weight.requires_grad()) save(x_rows_, x_rows), save(x_, x);
     if (x.requires_grad()) save(weight_, weight);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);
     const Tensor g = rows_of(grads[0]);  // (N, out)
     Tensor grad_x, grad_w, grad_b;
     if (needs_grad(0)) {
@@ -648,7 +673,18 @@ struct LinearBackward final : Node {
     if (needs_grad(2)) grad_b = sum(g, {0});
     return {grad_x, grad_w, grad_b};
   }
-  SavedTensor x_rows_, weight_;
+  // The same in ops, under create_graph.
+  std::vector<Tensor> apply_in_ops(const Tensor& grad_out) {
+    const int64_t out = input_shapes[1][0], in = input_shapes[1][1];
+    const Tensor g = reshape(grad_out, {-1, out});
+    Tensor grad_x, grad_w, grad_b;
+    if (needs_grad(0)) grad_x = reshape(matmul(g, weight_.get()), input_shapes[0]);
+    if (needs_grad(1)) grad_w = matmul(transpose(g, 0, 1), reshape(x_.get(), {-1, in}));
+    if (needs_grad(2)) grad_b = sum(g, {0});
+    return {grad_x, grad_w, grad_b};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor x_rows_, x_, weight_;
 };
 
 }  // namespace

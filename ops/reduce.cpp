@@ -15,6 +15,7 @@
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
+#include "ops/shape.h"
 
 namespace ember {
 
@@ -179,8 +180,23 @@ struct SumBackward final : Node {
   SumBackward(std::vector<bool> reduce, bool keepdim)
       : reduce_(std::move(reduce)), keepdim_(keepdim) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {expand_reduced(grads[0], input_shapes[0], reduce_, keepdim_)};
+    Tensor g = grads[0];
+    if (keepdim_ && g.dim() != static_cast<int64_t>(input_shapes[0].size())) {
+      // sum_to's output: the keepdim result with its leading dims dropped; back to keepdim
+      Shape kept = input_shapes[0];
+      for (size_t d = 0; d < reduce_.size(); ++d)
+        if (reduce_[d]) kept[d] = 1;
+      g = reshape(g, kept);
+    }
+    if (is_grad_enabled()) {  // create_graph: unsqueeze and expand as ops
+      if (!keepdim_)
+        for (size_t d = 0; d < reduce_.size(); ++d)
+          if (reduce_[d]) g = unsqueeze(g, static_cast<int64_t>(d));
+      return {expand(g, input_shapes[0])};
+    }
+    return {expand_reduced(g, input_shapes[0], reduce_, keepdim_)};
   }
+  bool differentiable_backward() const override { return true; }
   std::vector<bool> reduce_;
   bool keepdim_;
 };

@@ -11,6 +11,7 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "ops/common.h"
+#include "ops/index.h"
 
 namespace ember {
 
@@ -76,6 +77,7 @@ struct ReshapeBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {reshape(grads[0], input_shapes[0])};
   }
+  bool differentiable_backward() const override { return true; }
 };
 
 }  // namespace
@@ -142,6 +144,7 @@ struct PermuteBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {permute(grads[0], inverse_)};
   }
+  bool differentiable_backward() const override { return true; }
   std::vector<int64_t> inverse_;
 };
 
@@ -183,6 +186,7 @@ namespace {
 // y = expand(x):  dX = dY, reduced to x's shape by the engine's sum_to
 struct ExpandBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
+  bool differentiable_backward() const override { return true; }
 };
 
 }  // namespace
@@ -212,15 +216,30 @@ Tensor expand(const Tensor& x, Shape shape) {
 
 namespace {
 
+// g placed at `start` along dim of zeros of `shape`, in ops (cat), so that it records under
+// create_graph: the backward of narrow and select as a differentiable op.
+Tensor pad_along(const Tensor& g, int64_t dim, int64_t start, const Shape& shape) {
+  std::vector<Tensor> parts;
+  Shape side = shape;
+  side[dim] = start;
+  if (start > 0) parts.push_back(zeros(side, g.dtype()));
+  parts.push_back(g);
+  side[dim] = shape[dim] - start - g.size(dim);
+  if (side[dim] > 0) parts.push_back(zeros(side, g.dtype()));
+  return parts.size() == 1 ? g : cat(parts, dim);
+}
+
 // y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
 struct NarrowBackward final : Node {
   NarrowBackward(int64_t dim, int64_t start) : dim_(dim), start_(start) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled()) return {pad_along(g, dim_, start_, input_shapes[0])};  // create_graph
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
     copy_into(narrow(grad_x, dim_, start_, g.size(dim_)), g);
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_, start_;
 };
 
@@ -247,10 +266,13 @@ namespace {
 struct SelectBackward final : Node {
   SelectBackward(int64_t dim, int64_t index) : dim_(dim), index_(index) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled())  // create_graph
+      return {pad_along(unsqueeze(grads[0], dim_), dim_, index_, input_shapes[0])};
     Tensor grad_x = zeros(input_shapes[0], grads[0].dtype());
     copy_into(select_view(grad_x, dim_, index_), grads[0]);
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_, index_;
 };
 
@@ -279,6 +301,15 @@ struct SliceBackward final : Node {
 struct SplitBackward final : Node {
   SplitBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph: the pieces joined by cat, zeros where none came
+      std::vector<Tensor> pieces;
+      for (size_t i = 0; i < sizes_.size(); ++i) {
+        Shape shape = input_shapes[0];
+        shape[dim_] = sizes_[i];
+        pieces.push_back(grads[i].defined() ? grads[i] : zeros(shape, input_dtypes[0]));
+      }
+      return {cat(pieces, dim_)};
+    }
     const bool all =
         std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
     Tensor grad_x =
@@ -290,6 +321,7 @@ struct SplitBackward final : Node {
     }
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   std::vector<int64_t> sizes_;
 };

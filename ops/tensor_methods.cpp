@@ -1,4 +1,7 @@
-// The Tensor methods of graph/tensor_ops.def: each forwards to the free op of its row.
+// The Tensor methods of graph/tensor_ops.def: each forwards to the free op of its row. Also the
+// methods that copy and record a Node (to, clone): the core (graph/tensor.cpp) records nothing.
+#include "graph/autograd.h"
+#include "graph/copy.h"
 #include "graph/tensor.h"
 #include "ops/elementwise.h"
 #include "ops/index.h"
@@ -19,5 +22,41 @@ namespace ember {
 #include "graph/tensor_ops.def"
 #undef EMBER_OP
 #undef EMBER_DEFAULT
+
+namespace {
+
+// d(to(x))/dx: the gradient converted back to the input's dtype.
+struct ToBackward final : Node {
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {grads[0].to(input_dtypes[0])};
+  }
+  bool differentiable_backward() const override { return true; }
+};
+
+// clone/contiguous: the identity on values.
+struct CloneBackward final : Node {
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
+  bool differentiable_backward() const override { return true; }
+};
+
+}  // namespace
+
+Tensor Tensor::to(DType target) const {
+  constexpr std::string_view op = "to";
+  EMBER_CHECK(defined(), "{}: undefined tensor", op);
+  if (target == dtype()) return *this;
+  Tensor out = empty(shape(), target);
+  copy_into(out, *this);
+  if (!is_floating(target)) return out;  // an integral result carries no gradient
+  return record<ToBackward>(op, out, {*this});
+}
+
+Tensor Tensor::clone() const {
+  constexpr std::string_view op = "clone";
+  EMBER_CHECK(defined(), "{}: undefined tensor", op);
+  Tensor out = empty(shape(), dtype());
+  copy_into(out, *this);
+  return record<CloneBackward>(op, out, {*this});
+}
 
 }  // namespace ember

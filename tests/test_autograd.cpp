@@ -216,9 +216,6 @@ BOOST_AUTO_TEST_CASE(errors) {
   expect_error([&] { (x * 2.0).backward(ones({3})); }, {"backward", "[3]", "[2, 3]"});
   expect_error([&] { ones({2}).sum().backward(); }, {"backward", "does not require grad"});
   expect_error([&] { (x * 2.0).requires_grad_(false); }, {"requires_grad_", "non-leaf"});
-  // First order only: Note [First-order only] in autograd/engine.h.
-  expect_error([&] { (x * x).sum().backward({}, false, true); },
-               {"backward", "create_graph", "double backward"});
   expect_error([] { gradcheck([](auto& v) { return v[0] * 2.0; }, {ones({2}).requires_grad_()}); },
                {"gradcheck", "Float32"});
 }
