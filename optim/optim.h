@@ -2,6 +2,5 @@
 #pragma once
 
 #include "optim/clip.h"
-#include "optim/lbfgs.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
