@@ -130,19 +130,26 @@ GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tenso
     v.push_back(from_vector(values, y.shape(), y.dtype()));
   }
   EMBER_CHECK(v.size() == 1, "gradgradcheck: {} grad_outputs for f's one output", v.size());
-  // x -> the first derivatives vᵀ J, one flat tensor (zeros where f does not reach an input).
+  // The grad_output is an input of the first derivatives too, as in torch: a backward formula
+  // must be differentiable in the incoming gradient as well as in the inputs.
+  const Tensor grad_output =
+      v[0].dtype() == kFloat64 ? v[0].detach().clone().requires_grad_() : v[0].detach();
+  std::vector<Tensor> all_inputs = inputs;
+  all_inputs.push_back(grad_output);
+  // x, v -> the first derivatives vᵀ J, one flat tensor (zeros where f does not reach an input).
   const auto first_derivatives = [&](const std::vector<Tensor>&) {
     GradModeScope grad_mode(true);  // gradcheck evaluates under NoGradGuard
     const Tensor y = f(inputs);
     if (!y.requires_grad()) return zeros({0}, kFloat64);
-    const std::vector<Tensor> grads = autograd::grad({y}, differentiable, v, true, true, true);
+    const std::vector<Tensor> grads =
+        autograd::grad({y}, differentiable, {grad_output}, true, true, true);
     std::vector<Tensor> flat;
     for (size_t i = 0; i < grads.size(); ++i)
       flat.push_back(grads[i].defined() ? grads[i].reshape({-1})
                                         : zeros({differentiable[i].numel()}, kFloat64));
     return cat(flat, 0);
   };
-  return gradcheck(first_derivatives, inputs, options);
+  return gradcheck(first_derivatives, all_inputs, options);
 }
 
 }  // namespace ember

@@ -30,7 +30,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
 // torch.autograd.gradgradcheck: second derivatives by finite differences of the first, against
 // the double backward. The first derivatives, autograd::grad of f with grad_outputs (random and
 // seeded when none are given) and create_graph, flattened and joined into one tensor, are
-// checked with gradcheck.
+// checked with gradcheck, as functions of f's inputs and of the grad_output (a backward formula
+// must be differentiable in both).
 GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                               const std::vector<Tensor>& inputs,
                               const std::vector<Tensor>& grad_outputs = {},

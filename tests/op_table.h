@@ -3,6 +3,7 @@
 //   - gradcheck in Float64 on three layouts (contiguous leaves, transposed views with dims 0 and -1
 //     swapped, narrowed views of wider leaves) and, with several inputs, the first one transposed
 //     and the others contiguous; then with each floating input alone needing grad;
+//   - gradgradcheck (check_gradgradients) on the same layouts;
 //   - the PyTorch golden comparison (tests/golden/op_tables.json): the value in Float64 (tight)
 //     and Float32 (loose), and the Float64 input gradients for a saved upstream gradient;
 //   - edge cases every op must pass: an undefined Tensor() as any input throws an ember::Error
@@ -149,20 +150,31 @@ inline Tensor relayout(const Tensor& x, Layout layout) {
 
 inline bool is_floating_input(const Tensor& t) { return is_floating(t.dtype()); }
 
+// The row's leaves for `layout` and its function of them, which takes the views first.
+struct LaidOut {
+  std::vector<Tensor> leaves;
+  Fn through_views;
+};
+inline LaidOut lay_out(const OpCase& c, Layout layout) {
+  LaidOut out;
+  for (size_t i = 0; i < c.shapes.size(); ++i)
+    out.leaves.push_back(make_input(leaf_shape(c.shapes[i], of_input(layout, i)), c.domain(i)));
+  out.through_views = [&c, layout](const std::vector<Tensor>& in) {
+    std::vector<Tensor> views;
+    for (size_t i = 0; i < in.size(); ++i) views.push_back(view(in[i], of_input(layout, i)));
+    return c.f(views);
+  };
+  return out;
+}
+
 // gradcheck of one row on its layouts, then (several floating inputs) with one input at a
 // time needing grad.
 inline void gradcheck_row(const OpCase& c) {
   manual_seed(seed_of(c.name));
   for (Layout layout : layouts(c)) {
-    std::vector<Tensor> leaves;
-    for (size_t i = 0; i < c.shapes.size(); ++i)
-      leaves.push_back(make_input(leaf_shape(c.shapes[i], of_input(layout, i)), c.domain(i)));
-    const Fn through_views = [&](const std::vector<Tensor>& in) {
-      std::vector<Tensor> views;
-      for (size_t i = 0; i < in.size(); ++i) views.push_back(view(in[i], of_input(layout, i)));
-      return c.f(views);
-    };
-    check_gradient(through_views, leaves, fmt::format("{} ({})", c.name, layout_name(layout)));
+    const LaidOut row = lay_out(c, layout);
+    check_gradient(row.through_views, row.leaves,
+                   fmt::format("{} ({})", c.name, layout_name(layout)));
   }
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < c.shapes.size(); ++i)
@@ -174,6 +186,17 @@ inline void gradcheck_row(const OpCase& c) {
     for (size_t i = 0; i < one.size(); ++i)
       if (i != k) one[i] = inputs[i].detach();
     check_gradient(c.f, one, fmt::format("{} (grad of input {} only)", c.name, k));
+  }
+}
+
+// gradgradcheck of one row on the layouts gradcheck_row uses: the backward recorded under
+// create_graph differentiated again, against finite differences of the first derivatives.
+inline void gradgradcheck_row(const OpCase& c) {
+  manual_seed(seed_of(c.name) + 3);
+  for (Layout layout : layouts(c)) {
+    const LaidOut row = lay_out(c, layout);
+    const GradcheckResult r = gradgradcheck(row.through_views, row.leaves);
+    BOOST_TEST(r.ok, fmt::format("{} ({}): ", c.name, layout_name(layout)) << r.message);
   }
 }
 
@@ -337,6 +360,13 @@ inline void check_gradients(const OpTable& table) {
   detail::for_rows(
       table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
       detail::gradcheck_row);
+}
+
+// Second derivatives of every row gradcheck checks (detail::gradgradcheck_row).
+inline void check_gradgradients(const OpTable& table) {
+  detail::for_rows(
+      table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
+      detail::gradgradcheck_row);
 }
 
 inline void check_golden(const OpTable& table) {
