@@ -2,5 +2,6 @@
 #pragma once
 
 #include "optim/clip.h"
+#include "optim/lbfgs.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
