@@ -2,6 +2,7 @@
 #pragma once
 
 #include "autograd/engine.h"
+#include "autograd/functional.h"
 #include "autograd/gradcheck.h"
 #include "data/data.h"
 #include "graph/autograd.h"

@@ -1,0 +1,191 @@
+// torch.autograd.functional over autograd::grad (autograd/functional.h).
+#include "autograd/functional.h"
+
+#include <string_view>
+
+#include "autograd/engine.h"
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/error.h"
+#include "graph/profile.h"
+#include "ops/index.h"
+
+namespace ember::autograd::functional {
+
+namespace {
+
+// The tensors f is called with: a view keeping the caller's graph where create_graph asks for
+// one, else a detached leaf requiring grad (torch's _grad_preprocess).
+std::vector<Tensor> prepare(const std::vector<Tensor>& inputs, bool create_graph,
+                            std::string_view op) {
+  EMBER_CHECK(!inputs.empty(), "{}: no inputs", op);
+  std::vector<Tensor> prepared;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    EMBER_CHECK(x.defined(), "{}: input {} is undefined", op, i);
+    EMBER_CHECK(is_floating(x.dtype()),
+                "{}: input {} is {}; only floating tensors can be differentiated", op, i,
+                x.dtype());
+    prepared.push_back(create_graph && x.requires_grad() ? x.view(x.shape())
+                                                         : x.detach().requires_grad_());
+  }
+  return prepared;
+}
+
+// f's output, which must be a defined floating tensor.
+Tensor call(const Fn& f, const std::vector<Tensor>& inputs, std::string_view op) {
+  Tensor out = f(inputs);
+  EMBER_CHECK(out.defined(), "{}: f returned an undefined tensor", op);
+  EMBER_CHECK(is_floating(out.dtype()), "{}: f returned a {} tensor; it must be floating", op,
+              out.dtype());
+  return out;
+}
+
+void check_one_element(const Tensor& out, std::string_view op) {
+  EMBER_CHECK(out.numel() == 1, "{}: f must return one element, but returned shape {}", op,
+              out.shape());
+}
+
+// v: one per input, each of its input's shape.
+void check_tangents(const std::vector<Tensor>& v, const std::vector<Tensor>& inputs,
+                    std::string_view op) {
+  EMBER_CHECK(v.size() == inputs.size(), "{}: {} vectors v for {} inputs", op, v.size(),
+              inputs.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    EMBER_CHECK(v[i].defined(), "{}: v {} is undefined", op, i);
+    EMBER_CHECK(v[i].shape() == inputs[i].shape(), "{}: v {} has shape {}, but input {} has {}", op,
+                i, v[i].shape(), i, inputs[i].shape());
+  }
+}
+
+// The gradient where one flowed, else zeros of `like`'s shape; detached unless create_graph.
+Tensor finish(const Tensor& grad, const Tensor& like, bool create_graph) {
+  if (!grad.defined()) return zeros(like.shape(), like.dtype());
+  return create_graph ? grad : grad.detach();
+}
+
+std::vector<Tensor> finish(const std::vector<Tensor>& grads, const std::vector<Tensor>& like,
+                           bool create_graph) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < like.size(); ++i)
+    out.push_back(finish(i < grads.size() ? grads[i] : Tensor(), like[i], create_graph));
+  return out;
+}
+
+// The vᵀ H of f's one-element output for each input (vhp, and hvp by symmetry).
+HVP hessian_vector(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
+                   bool create_graph, std::string_view op) {
+  profile::Scope scope(op);
+  GradModeScope grad_mode(true);
+  check_tangents(v, inputs, op);
+  const std::vector<Tensor> xs = prepare(inputs, create_graph, op);
+  const Tensor out = call(f, xs, op);
+  check_one_element(out, op);
+  HVP result{create_graph ? out : out.detach(), {}};
+  if (!out.requires_grad()) return result.hvp = finish({}, xs, false), result;
+  const std::vector<Tensor> jac = grad({out}, xs, {}, true, true, true);
+  std::vector<Tensor> outputs, cotangents;
+  for (size_t i = 0; i < jac.size(); ++i)
+    if (jac[i].defined() && jac[i].requires_grad())
+      outputs.push_back(jac[i]), cotangents.push_back(v[i]);
+  if (outputs.empty()) return result.hvp = finish({}, xs, false), result;
+  result.hvp =
+      finish(grad(outputs, xs, cotangents, create_graph, create_graph, true), xs, create_graph);
+  return result;
+}
+
+}  // namespace
+
+VJP vjp(const Fn& f, const std::vector<Tensor>& inputs, const Tensor& v, bool create_graph) {
+  constexpr std::string_view op = "vjp";
+  profile::Scope scope(op);
+  GradModeScope grad_mode(true);
+  const std::vector<Tensor> xs = prepare(inputs, create_graph, op);
+  const Tensor out = call(f, xs, op);
+  if (v.defined())
+    EMBER_CHECK(v.shape() == out.shape(), "{}: v has shape {}, but f's output has shape {}", op,
+                v.shape(), out.shape());
+  else
+    EMBER_CHECK(out.numel() == 1,
+                "{}: v may be left out only when f returns one element; f returned shape {}", op,
+                out.shape());
+  VJP result{create_graph ? out : out.detach(), {}};
+  if (!out.requires_grad()) return result.vjp = finish({}, xs, false), result;
+  result.vjp = finish(grad({out}, xs, {v}, create_graph, create_graph, true), xs, create_graph);
+  return result;
+}
+
+// The double-vjp trick: g(u) = Jᵀ u for a dummy u is linear in u, and the vjp of g with v is J v.
+JVP jvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
+        bool create_graph) {
+  constexpr std::string_view op = "jvp";
+  profile::Scope scope(op);
+  GradModeScope grad_mode(true);
+  check_tangents(v, inputs, op);
+  const std::vector<Tensor> xs = prepare(inputs, create_graph, op);
+  const Tensor out = call(f, xs, op);
+  JVP result{create_graph ? out : out.detach(), zeros(out.shape(), out.dtype())};
+  if (!out.requires_grad()) return result;
+  const Tensor u = zeros(out.shape(), out.dtype()).requires_grad_();
+  const std::vector<Tensor> g = grad({out}, xs, {u}, true, true, true);
+  std::vector<Tensor> outputs, cotangents;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (g[i].defined() && g[i].requires_grad()) outputs.push_back(g[i]), cotangents.push_back(v[i]);
+  if (outputs.empty()) return result;
+  result.jvp = finish(grad(outputs, {u}, cotangents, create_graph, create_graph, true)[0], out,
+                      create_graph);
+  return result;
+}
+
+HVP hvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
+        bool create_graph) {
+  return hessian_vector(f, inputs, v, create_graph, "hvp");
+}
+
+HVP vhp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
+        bool create_graph) {
+  return hessian_vector(f, inputs, v, create_graph, "vhp");
+}
+
+namespace {
+
+// Row j of the Jacobian is the vjp with the j-th unit vector of the output.
+Tensor jacobian_of(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
+                   bool create_graph, std::string_view op) {
+  profile::Scope scope(op);
+  GradModeScope grad_mode(true);
+  const Tensor input = prepare({x}, create_graph, op)[0];
+  const Tensor out = call([&](const std::vector<Tensor>& in) { return f(in[0]); }, {input}, op);
+  Shape shape = out.shape();
+  shape.insert(shape.end(), x.shape().begin(), x.shape().end());
+  if (!out.requires_grad() || out.numel() == 0) return zeros(shape, out.dtype());
+  const Tensor units = eye(out.numel(), out.dtype());
+  std::vector<Tensor> rows;
+  for (int64_t j = 0; j < out.numel(); ++j) {
+    const Tensor unit = units.select(0, j).reshape(out.shape());
+    rows.push_back(
+        finish(grad({out}, {input}, {unit}, true, create_graph, true)[0], input, create_graph));
+  }
+  return stack(rows, 0).reshape(shape);
+}
+
+}  // namespace
+
+Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, bool create_graph) {
+  return jacobian_of(f, x, create_graph, "jacobian");
+}
+
+// The Jacobian of x -> df/dx, recorded so that it can be differentiated.
+Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, bool create_graph) {
+  constexpr std::string_view op = "hessian";
+  const auto gradient = [&](const Tensor& z) {
+    const Tensor out = call([&](const std::vector<Tensor>& in) { return f(in[0]); }, {z}, op);
+    check_one_element(out, op);
+    if (!out.requires_grad()) return zeros(z.shape(), z.dtype());
+    const Tensor g = grad({out}, {z}, {}, true, true, true)[0];
+    return g.defined() ? g : zeros(z.shape(), z.dtype());
+  };
+  return jacobian_of(gradient, x, create_graph, op);
+}
+
+}  // namespace ember::autograd::functional
