@@ -54,6 +54,7 @@ struct RepeatBackward final : Node {
     const Tensor summed = sum(reshape(grads[0], tiled_), tile_dims);
     return {reshape(summed, input_shapes[0])};
   }
+  bool differentiable_backward() const override { return true; }  // reshape and sum are ops
   Shape tiled_;
 };
 
@@ -99,6 +100,7 @@ struct RepeatInterleaveBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     return {sum(reshape(grads[0], split_), {dim_ + 1})};
   }
+  bool differentiable_backward() const override { return true; }  // reshape and sum are ops
   Shape split_;
   int64_t dim_;
 };
@@ -284,26 +286,45 @@ void gather_kernel(const Tensor& x, int64_t dim, const int64_t* idx, const Tenso
   });
 }
 
-// y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate)
+// out = zeros of `shape` with g[..., k, ...] added at [..., index[k], ...] along dim (repeats
+// accumulate): index_select's backward as an op of its own.  dG = index_select(dOut, dim, index)
+struct IndexAddBackward final : Node {
+  IndexAddBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {index_select(grads[0], dim_, index_.get())};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t dim_;
+  SavedTensor index_;
+};
+
+// index: contiguous Int64, 1-D, in range (index_select checked it).
+Tensor index_add_zeros(const Tensor& g, int64_t dim, const Tensor& index, const Shape& shape) {
+  constexpr std::string_view op = "index_add";
+  const int64_t* idx = index.data<int64_t>();
+  const int64_t k_count = g.size(dim);
+  Tensor out = zeros(shape, g.dtype());
+  dispatch_float(g.dtype(), op, [&]<class T>() {
+    const T* pg = g.data<T>();
+    T* po = out.data<T>();
+    const int64_t sg = g.stride(dim), so = out.stride(dim);
+    // Each line of g along dim adds into its own line of out: lines never collide.
+    for_each_line<2>(g.shape(), dim, {out.strides(), g.strides()}, [&](const auto& off) {
+      for (int64_t k = 0; k < k_count; ++k) po[off[0] + idx[k] * so] += pg[off[1] + k * sg];
+    });
+  });
+  if (!is_grad_enabled()) return out;  // a first-order backward: the kernel alone
+  return record<IndexAddBackward>(op, out, {g}, dim, index);
+}
+
+// y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate),
+// an op that records under create_graph
 struct IndexSelectBackward final : Node {
   IndexSelectBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor& g = grads[0];
-    const Tensor index = index_.get().contiguous();
-    const int64_t* idx = index.data<int64_t>();
-    const int64_t k_count = g.size(dim_);
-    Tensor grad_x = zeros(input_shapes[0], g.dtype());
-    dispatch_float(g.dtype(), op(), [&]<class T>() {
-      const T* pg = g.data<T>();
-      T* px = grad_x.data<T>();
-      const int64_t sg = g.stride(dim_), sx = grad_x.stride(dim_);
-      // Each line of dY along dim adds into its own line of dX: lines never collide.
-      for_each_line<2>(g.shape(), dim_, {grad_x.strides(), g.strides()}, [&](const auto& off) {
-        for (int64_t k = 0; k < k_count; ++k) px[off[0] + idx[k] * sx] += pg[off[1] + k * sg];
-      });
-    });
-    return {grad_x};
+    return {index_add_zeros(grads[0], dim_, index_.get(), input_shapes[0])};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor index_;
 };
@@ -433,10 +454,13 @@ IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, con
   return {d, idx};
 }
 
-// out = gather(x, dim, index):  dX = zeros with dOut added at the gathered positions
+// out = gather(x, dim, index):  dX = zeros with dOut added at the gathered positions, i.e.
+// scatter_add(zeros, dim, index, dOut)
 struct GatherBackward final : Node {
   GatherBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled())  // create_graph: as the op
+      return {scatter_add(zeros(input_shapes[0], grads[0].dtype()), dim_, index_.get(), grads[0])};
     const Tensor g = grads[0].contiguous();
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
@@ -444,9 +468,21 @@ struct GatherBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor index_;
 };
+
+// g padded with zeros at the end of each dim to `shape` (no smaller than g's), in ops (cat).
+Tensor pad_end(Tensor g, const Shape& shape) {
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (g.size(d) == shape[d]) continue;
+    Shape side = g.shape();
+    side[d] = shape[d] - g.size(d);
+    g = cat({g, zeros(side, g.dtype())}, d);
+  }
+  return g;
+}
 
 // out = x + scatter of src at index:  dX = dOut,  dSrc = gather(dOut, dim, index) on index's
 // part of src, 0 on the rest
@@ -455,7 +491,13 @@ struct ScatterAddBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     Tensor grad_src;
-    if (needs_grad(1)) {
+    if (needs_grad(1) && is_grad_enabled()) {  // create_graph: as ops (index is at least 1-D)
+      const Tensor& index = index_.get();
+      const Shape src_shape = input_shapes[1].empty() ? Shape{1} : input_shapes[1];
+      grad_src = index.numel() == 0
+                     ? zeros(input_shapes[1], g.dtype())
+                     : reshape(pad_end(gather(g, dim_, index), src_shape), input_shapes[1]);
+    } else if (needs_grad(1)) {
       const Tensor& index = index_.get();
       grad_src = zeros(input_shapes[1], g.dtype());
       dispatch_float(g.dtype(), op(), [&]<class T>() {
@@ -465,6 +507,7 @@ struct ScatterAddBackward final : Node {
     }
     return {needs_grad(0) ? g : Tensor(), grad_src};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor index_;
 };
@@ -503,31 +546,48 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 namespace {
 
+// out = zeros of `shape` with g (1-D, one element per true of the mask broadcast to shape)
+// written at the mask's true positions in row-major order: masked_select's backward as an op of
+// its own.  dG = masked_select(dOut, mask)
+struct MaskedScatterBackward final : Node {
+  explicit MaskedScatterBackward(const Tensor& mask) { save(mask_, mask); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {masked_select(grads[0], mask_.get())};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor mask_;
+};
+
+Tensor masked_scatter_zeros(const Tensor& g, const Tensor& mask, const Shape& shape) {
+  constexpr std::string_view op = "masked_scatter";
+  Tensor out = zeros(shape, g.dtype());
+  dispatch_float(g.dtype(), op, [&]<class T>() {
+    const T* pg = g.data<T>();
+    const bool* pm = mask.data<bool>();
+    T* po = out.data<T>();
+    const int64_t sg = g.dim() == 0 ? 0 : g.stride(0);
+    int64_t k = 0;
+    StridedLoop<2> loop(shape, {out.strides(), broadcast_strides(mask, shape)});
+    loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
+      for (int64_t i = 0; i < len; ++i)
+        if (pm[off[1] + i * st[1]]) po[off[0] + i * st[0]] = pg[sg * k++];
+    });
+  });
+  if (!is_grad_enabled()) return out;  // a first-order backward: the kernel alone
+  return record<MaskedScatterBackward>(op, out, {g}, mask);
+}
+
 // y = x[mask] (x and mask broadcast to one shape, read in row-major order):
 // dX = zeros of the broadcast shape with dY written at the mask's true positions (the engine
-// then sums it down to x's shape)
+// then sums it down to x's shape), an op that records under create_graph
 struct MaskedSelectBackward final : Node {
   MaskedSelectBackward(const Tensor& mask, Shape shape) : shape_(std::move(shape)) {
     save(mask_, mask);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor& g = grads[0];
-    const Tensor& mask = mask_.get();
-    Tensor grad_x = zeros(shape_, g.dtype());
-    dispatch_float(g.dtype(), op(), [&]<class T>() {
-      const T* pg = g.data<T>();
-      const bool* pm = mask.data<bool>();
-      T* px = grad_x.data<T>();
-      const int64_t sg = g.dim() == 0 ? 0 : g.stride(0);
-      int64_t k = 0;
-      StridedLoop<2> loop(shape_, {grad_x.strides(), broadcast_strides(mask, shape_)});
-      loop.run_serial([&](const auto& off, int64_t len, const auto& st) {
-        for (int64_t i = 0; i < len; ++i)
-          if (pm[off[1] + i * st[1]]) px[off[0] + i * st[0]] = pg[sg * k++];
-      });
-    });
-    return {grad_x};
+    return {masked_scatter_zeros(grads[0], mask_.get(), shape_)};
   }
+  bool differentiable_backward() const override { return true; }
   Shape shape_;
   SavedTensor mask_;
 };
@@ -598,12 +658,15 @@ Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   return out;
 }
 
-// y = x * triangle mask:  dX = dY * the same mask
+// y = x * triangle mask:  dX = dY * the same mask, i.e. triu/tril of dY
 struct TriangleBackward final : Node {
   TriangleBackward(int64_t diagonal, bool upper) : diagonal_(diagonal), upper_(upper) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled())  // create_graph: as the op itself
+      return {upper_ ? triu(grads[0], diagonal_) : tril(grads[0], diagonal_)};
     return {triangle(grads[0], diagonal_, upper_)};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t diagonal_;
   bool upper_;
 };
@@ -668,12 +731,15 @@ void sort_kernel(const Tensor& x, int64_t dim, const Tensor& values, const Tenso
   });
 }
 
-// values[..., k, ...] = x[..., indices[k], ...] along dim:  dX[..., indices[k], ...] = dValues[k]
+// values = gather(x, dim, indices):  dX[..., indices[k], ...] = dValues[k], i.e.
+// scatter_add(zeros, dim, indices, dValues) (the indices of a line are distinct)
 struct SortBackward final : Node {
   SortBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     const Tensor& indices = indices_.get();
+    if (is_grad_enabled())  // create_graph: as the op
+      return {scatter_add(zeros(input_shapes[0], g.dtype()), dim_, indices, g)};
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
@@ -688,6 +754,7 @@ struct SortBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor indices_;
 };

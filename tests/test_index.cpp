@@ -1,6 +1,7 @@
-// Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck on
-// three layouts, the PyTorch golden values and gradients and the edge cases; then gradcheck
-// through views and edge shapes, sort's NaN order, other dtypes, and every error path.
+// Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck and
+// gradgradcheck on three layouts, the PyTorch golden values and gradients and the edge cases; then
+// gradcheck and gradgradcheck through views and edge shapes, the backwards recorded as ops under
+// create_graph, sort's NaN order, other dtypes, and every error path.
 #include <limits>
 
 #include <boost/test/unit_test.hpp>
@@ -136,14 +137,17 @@ const OpTable kIndexOps = {
 BOOST_AUTO_TEST_SUITE(test_index)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kIndexOps); }
 
-// Non-contiguous (transposed, expanded, narrowed) inputs, size-1 and 0-d shapes, negative dims.
-BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
-  manual_seed(12);
+namespace {
+
+// Non-contiguous (transposed, expanded, narrowed) inputs, size-1 and 0-d shapes, negative dims:
+// functions of leaves of shapes (2, 3, 4), (3, 1) and (2, 37).
+std::vector<std::pair<std::string, Fn>> views_and_edge_shapes() {
   const Tensor idx = from_vector(std::vector<int64_t>{1, 1, 0, 2, 1}, {5});
   const Tensor mask = from_vector(std::vector<double>{1, 0, 1, 1}, {4, 1}, kBool);
   const std::vector<std::pair<std::string, Fn>> fs = {
@@ -212,8 +216,91 @@ BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
        }},
       {"sort long row", [](const Inputs& v) { return sort(v[2]).values; }},
   };
+  return fs;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
+  manual_seed(12);
   Inputs inputs = {leaf({2, 3, 4}), leaf({3, 1}), leaf({2, 37})};
-  for (const auto& [name, f] : fs) check_gradient(f, inputs, name);
+  for (const auto& [name, f] : views_and_edge_shapes()) check_gradient(f, inputs, name);
+}
+
+// Second derivatives beyond the table: the views and edge shapes above; 0-d gather and
+// scatter_add, a src larger than its index, topk unsorted; and products of these ops, whose
+// second derivatives in the input are not zero.
+BOOST_AUTO_TEST_CASE(gradgradcheck_views_edge_shapes_and_products) {
+  manual_seed(13);
+  Inputs inputs = {leaf({2, 3, 4}), leaf({3, 1}), leaf({2, 37})};
+  for (const auto& [name, f] : views_and_edge_shapes()) {
+    const GradcheckResult r = gradgradcheck(f, inputs);
+    BOOST_TEST(r.ok, name << ": " << r.message);
+  }
+  const Tensor idx = from_vector(std::vector<int64_t>{2, 0, 0, 1, 1, 1}, {2, 3});
+  const Tensor i0 = from_vector(std::vector<int64_t>{0}, {});
+  const Tensor mask = from_vector(std::vector<double>{1, 0, 1, 1}, {1, 4}, kBool);
+  const Tensor constant = randn({3, 3}, kFloat64);
+  const std::vector<std::pair<std::string, Fn>> fs = {
+      {"gather 0-d", [=](const Inputs& v) { return gather(v[0].sum(), 0, i0) * v[0].sum(); }},
+      {"scatter_add 0-d",
+       [=](const Inputs& v) { return scatter_add(v[0].sum(), -1, i0, v[1].mean()); }},
+      {"scatter_add src larger than index",
+       [=](const Inputs& v) { return scatter_add(v[0], 1, idx.narrow(1, 0, 2), v[1] * v[1]); }},
+      {"scatter_add src only",
+       [=](const Inputs& v) { return scatter_add(constant, 0, idx, v[1].narrow(0, 0, 2)); }},
+      {"gather times input",
+       [=](const Inputs& v) { return gather(v[1] * v[0], 1, idx) * gather(v[0], 1, idx); }},
+      {"index_select squared",
+       [](const Inputs& v) {
+         return index_select(v[1].transpose(0, 1), 0, ints({3, 3, 0})).pow(2.0);
+       }},
+      {"masked_select product",
+       [=](const Inputs& v) {
+         return masked_select(v[0], mask) * masked_select(v[0] * 2.0, mask);
+       }},
+      {"repeat times repeat_interleave",
+       [](const Inputs& v) {
+         return repeat(v[0], {2, 1}) * repeat_interleave(v[1], 2, 0);
+       }},
+      {"triu times tril", [](const Inputs& v) { return triu(v[0], 1) * tril(v[0], 2); }},
+      {"sort squared", [](const Inputs& v) { return sort(v[0], 0, true).values.pow(2.0); }},
+      {"topk unsorted of a product",
+       [](const Inputs& v) { return topk(v[0] * v[0].sum(), 2, -1, false, false).values; }},
+  };
+  Inputs in = {leaf({3, 4}), leaf({3, 4})};
+  for (const auto& [name, f] : fs) {
+    const GradcheckResult r = gradgradcheck(f, in);
+    BOOST_TEST(r.ok, name << ": " << r.message);
+  }
+}
+
+// Under create_graph the backwards are recorded as ops (index_select's as an index_add of its
+// own, whose backward is index_select again; masked_select's likewise); without, nothing is.
+BOOST_AUTO_TEST_CASE(double_backward_records_ops) {
+  const Tensor x = tensor({1, 2, 3}, kFloat64).requires_grad_();
+  const Tensor g = tensor({10, 20, 30}, kFloat64).requires_grad_();
+  const Tensor y = index_select(x, 0, from_vector(std::vector<int64_t>{2, 2, 0}, {3}));
+  const Tensor dx = autograd::grad({y}, {x}, {g}, std::nullopt, true)[0];
+  BOOST_TEST((dx.to_vector<double>() == std::vector<double>{30, 0, 30}));
+  BOOST_TEST(dx.grad_fn()->name() == "IndexAddBackward");
+  const Tensor dg = autograd::grad({dx}, {g}, {tensor({1, 2, 3}, kFloat64)})[0];
+  BOOST_TEST((dg.to_vector<double>() == std::vector<double>{3, 3, 1}));
+  BOOST_TEST(!autograd::grad({y}, {x}, {g})[0].requires_grad());
+
+  const Tensor mask = from_vector(std::vector<double>{0, 1, 1}, {3}, kBool);
+  const Tensor z = masked_select(x, mask);
+  const Tensor h = tensor({5, 7}, kFloat64).requires_grad_();
+  const Tensor dxz = autograd::grad({z}, {x}, {h}, std::nullopt, true)[0];
+  BOOST_TEST((dxz.to_vector<double>() == std::vector<double>{0, 5, 7}));
+  BOOST_TEST(dxz.grad_fn()->name() == "MaskedScatterBackward");
+  const Tensor dh = autograd::grad({dxz}, {h}, {tensor({1, 2, 3}, kFloat64)})[0];
+  BOOST_TEST((dh.to_vector<double>() == std::vector<double>{2, 3}));
+
+  const Tensor w = tensor({4, 1, 3}, kFloat64).requires_grad_();
+  const Tensor dw = autograd::grad({topk(w, 2).values}, {w}, {h}, std::nullopt, true)[0];
+  BOOST_TEST((dw.to_vector<double>() == std::vector<double>{5, 0, 7}));
+  BOOST_TEST(dw.grad_fn()->name() == "ScatterAddBackward");
 }
 
 // Float64 values through the same graph twice: a repeated index and a repeated tile both add up.
