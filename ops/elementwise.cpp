@@ -469,6 +469,22 @@ Tensor sigmoid(const Tensor& x) {
       [](const Tensor& g, const Tensor& s) { return mul(mul(g, s), rsub(s, 1.0)); });
 }
 
+namespace {
+
+// φ(x) = exp(-x²/2) / √(2π), the standard normal density, in ops.
+Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(mul(x, x), -0.5)), 0.3989422804014327); }
+
+// y = Φ(x), the standard normal CDF, an op of its own for gelu's backward under create_graph:
+// dX = dY φ(x)
+Tensor normal_cdf(const Tensor& x) {
+  return unary_math(
+      x, "normal_cdf", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vnormal_cdf(v); },
+      [](auto g, auto v) EMBER_VEC_LAMBDA { return g * vnormal_cdf_pdf(v).pdf; },
+      [](const Tensor& g, const Tensor& x) { return mul(g, normal_pdf(x)); });
+}
+
+}  // namespace
+
 // torch's gelu. "none": y = x Φ(x) = x (1 + erf(x / √2)) / 2,  dX = dY (Φ(x) + x φ(x)).
 // "tanh": y = x (1 + tanh(u)) / 2 with u = √(2/π) (x + 0.044715 x³), computed as x σ(2u) (the
 //         same function, without 1 + tanh's cancellation for negative x);
@@ -491,7 +507,12 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
           const T du = T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * v * v);
           return g * (s + T(2) * v * s * (T(1) - s) * du);
         },
-        nullptr);
+        [](const Tensor& g, const Tensor& x) {
+          const Tensor x2 = mul(x, x);
+          const Tensor s = sigmoid(mul(mul(x, add(mul(x2, 0.044715), 1.0)), 1.5957691216057308));
+          const Tensor du = mul(add(mul(x2, 3 * 0.044715), 1.0), 0.7978845608028654);
+          return mul(g, add(s, mul(mul(mul(x, s), rsub(s, 1.0)), mul(du, 2.0))));
+        });
   }
   return unary_math(
       x, "gelu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
@@ -499,7 +520,9 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
         const auto [cdf, pdf] = vnormal_cdf_pdf(v);
         return g * vec_detail::fmadd(v, pdf, cdf);
       },
-      nullptr);
+      [](const Tensor& g, const Tensor& x) {
+        return mul(g, add(normal_cdf(x), mul(x, normal_pdf(x))));
+      });
 }
 
 // y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))
@@ -543,7 +566,7 @@ Tensor abs(const Tensor& x) {
 namespace {
 
 // y = min(max(x, lo), hi), each bound only when given:  dX = dY where lo <= x <= hi (as torch's
-// clamp_backward: NaN inputs get 0)
+// clamp_backward: NaN inputs get 0); under create_graph masked_fill(dY, outside, 0)
 struct ClampBackward final : Node {
   ClampBackward(const Tensor& x, std::optional<double> lo, std::optional<double> hi)
       : lo_(lo), hi_(hi) {
@@ -554,10 +577,14 @@ struct ClampBackward final : Node {
     return {dispatch_float(g.dtype(), op(), [&]<class T>() {
       constexpr T inf = std::numeric_limits<T>::infinity();
       const T lo = lo_ ? static_cast<T>(*lo_) : -inf, hi = hi_ ? static_cast<T>(*hi_) : inf;
+      if (is_grad_enabled())  // create_graph
+        return masked_fill(g, map<T, bool>(x_.get(), [=](T v) { return !(v >= lo && v <= hi); }),
+                           0.0);
       return zip<T, T, T>(g, x_.get(), op(),
                           [=](T d, T v) { return v >= lo && v <= hi ? d : T(0); });
     })};
   }
+  bool differentiable_backward() const override { return true; }
   std::optional<double> lo_, hi_;
   SavedTensor x_;
 };
@@ -591,12 +618,21 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
 namespace {
 
 // c = maximum(a, b) (Max) or minimum(a, b), split as torch: the selected operand gets dC, the
-// other 0, and ties give dC / 2 to each (elements where either is NaN: dC to both).
+// other 0, and ties give dC / 2 to each (elements where either is NaN: dC to both). Under
+// create_graph: dA = masked_fill(where(a == b, dC / 2, dC), b wins, 0), likewise dB.
 template <bool Max>
 struct ExtremumBackward final : Node {
   ExtremumBackward(const Tensor& a, const Tensor& b) { save(a_, a), save(b_, b); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor a = a_.get(), b = b_.get();
+      const Tensor split = where(eq(a, b), mul(g, 0.5), g);
+      const auto grad_of = [&](const Tensor& x, const Tensor& y) {
+        return masked_fill(split, Max ? lt(x, y) : gt(x, y), 0.0);
+      };
+      return {needs_grad(0) ? grad_of(a, b) : Tensor(), needs_grad(1) ? grad_of(b, a) : Tensor()};
+    }
     return dispatch_float(g.dtype(), op(), [&]<class T>() {
       const Tensor a = as_type(a_.get(), g.dtype()), b = as_type(b_.get(), g.dtype());
       // The gradient of the operand x against the other y: 0 where y wins.
@@ -611,6 +647,7 @@ struct ExtremumBackward final : Node {
                                  needs_grad(1) ? grad_of(b, a) : Tensor()};
     });
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor a_, b_;
 };
 
@@ -755,6 +792,11 @@ struct WhereBackward final : Node {
   explicit WhereBackward(const Tensor& cond) { save(cond_, cond); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor cond = cond_.get();
+      return {Tensor(), needs_grad(1) ? masked_fill(g, logical_not(cond), 0.0) : Tensor(),
+              needs_grad(2) ? masked_fill(g, cond, 0.0) : Tensor()};
+    }
     return dispatch_float(g.dtype(), op(), [&]<class T>() {
       const auto pick = [&](bool keep_when) {
         return zip<bool, T, T>(cond_.get(), g, op(),
@@ -764,6 +806,7 @@ struct WhereBackward final : Node {
                                  needs_grad(2) ? pick(false) : Tensor()};
     });
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor cond_;
 };
 
@@ -803,10 +846,12 @@ struct MaskedFillBackward final : Node {
   explicit MaskedFillBackward(const Tensor& mask) { save(mask_, mask); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (is_grad_enabled()) return {masked_fill(g, mask_.get(), 0.0)};  // create_graph
     return {dispatch_float(g.dtype(), op(), [&]<class T>() {
       return zip<T, bool, T>(g, mask_.get(), op(), [](T d, bool m) { return m ? T(0) : d; });
     })};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor mask_;
 };
 

@@ -238,15 +238,21 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
 namespace {
 
 // y = sqrt(v) with v = var(x): dV = dY / (2 y), 0 where y is 0 (torch's std_backward: a constant
-// input gets a zero gradient, not 0 · inf), and var's own graph takes dV back to x.
+// input gets a zero gradient, not 0 · inf), and var's own graph takes dV back to x. Under
+// create_graph y is first made 1 where it is 0, so that the second backward meets no 0 / 0.
 struct StdBackward final : Node {
-  explicit StdBackward(const Tensor& y) { save(y_, y); }
+  explicit StdBackward(const Tensor& y) { save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor y = y_.get(), zero = eq(y, 0.0);
+      return {masked_fill(div(grads[0], mul(masked_fill(y, zero, 1.0), 2.0)), zero, 0.0)};
+    }
     return {dispatch_float(grads[0].dtype(), op(), [&]<class T>() {
       return zip<T, T, T>(grads[0], y_.get(), op(),
                           [](T d, T y) { return y == T(0) ? T(0) : d / (T(2) * y); });
     })};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor y_;
 };
 
@@ -271,9 +277,17 @@ namespace {
 struct LogsumexpBackward final : Node {
   LogsumexpBackward(const Tensor& x, const Tensor& y, std::vector<bool> reduce, bool keepdim)
       : reduce_(std::move(reduce)), keepdim_(keepdim) {
-    save(x_, x), save(y_, y);
+    save(x_, x), save_output(y_, y);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph: dY and y unsqueezed back, broadcast by the ops
+      Tensor g = grads[0], y = y_.get();
+      if (!keepdim_)
+        for (size_t d = 0; d < reduce_.size(); ++d)
+          if (reduce_[d])
+            g = unsqueeze(g, static_cast<int64_t>(d)), y = unsqueeze(y, static_cast<int64_t>(d));
+      return {mul(g, exp(sub(x_.get(), y)))};
+    }
     const Tensor& x = x_.get();
     const Tensor g = expand_reduced(grads[0], x.shape(), reduce_, keepdim_);
     const Tensor y = expand_reduced(y_.get(), x.shape(), reduce_, keepdim_);
@@ -283,6 +297,7 @@ struct LogsumexpBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   std::vector<bool> reduce_;
   bool keepdim_;
   SavedTensor x_, y_;
@@ -371,14 +386,27 @@ Tensor cumsum_impl(const Tensor& x, int64_t dim, bool reverse, DType out_dtype) 
   return out;
 }
 
-// y = cumsum(x, dim):  dX = the running sum of dY along dim from the end
+Tensor scan(const Tensor& x, int64_t dim, bool reverse);
+
+// y = cumsum(x, dim):  dX = the running sum of dY along dim from the end; and the other way
+// round for that reversed sum, the op of the backward under create_graph (`reverse`)
 struct CumsumBackward final : Node {
-  explicit CumsumBackward(int64_t dim) : dim_(dim) {}
+  CumsumBackward(int64_t dim, bool reverse) : dim_(dim), reverse_(reverse) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {cumsum_impl(grads[0], dim_, true, grads[0].dtype())};
+    if (is_grad_enabled()) return {scan(grads[0], dim_, !reverse_)};  // create_graph
+    return {cumsum_impl(grads[0], dim_, !reverse_, grads[0].dtype())};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
+  bool reverse_;
 };
+
+// The running sum of x along dim (wrapped), from the end when `reverse` (op reverse_cumsum).
+Tensor scan(const Tensor& x, int64_t dim, bool reverse) {
+  const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
+  return record<CumsumBackward>(reverse ? "reverse_cumsum" : "cumsum",
+                                cumsum_impl(x, dim, reverse, out_dtype), {x}, dim, reverse);
+}
 
 }  // namespace
 
@@ -386,9 +414,7 @@ Tensor cumsum(const Tensor& x, int64_t dim) {
   constexpr std::string_view op = "cumsum";
   profile::Scope scope(op);
   check_defined(x, op);
-  const int64_t d = wrap_dim(dim, x.dim(), op);
-  const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
-  return record<CumsumBackward>(op, cumsum_impl(x, d, false, out_dtype), {x}, d);
+  return scan(x, wrap_dim(dim, x.dim(), op), false);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
@@ -431,28 +457,37 @@ void max_kernel(const Tensor& x, int64_t dim, T* values, int64_t* indices) {
   });
 }
 
-// values = max(x, dim):  dX[argmax] = dValues, 0 elsewhere
+// values = max(x, dim):  dX[argmax] = dValues, 0 elsewhere; under create_graph
+// where(argmax mask, dValues with dim kept, 0)
 struct MaxBackward final : Node {
   MaxBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& in = input_shapes[0];
-    const Tensor g = grads[0].contiguous();
     const Tensor idx = indices_.get().contiguous();
+    const int64_t* pi = idx.data<int64_t>();
+    int64_t inner = 1;
+    for (size_t d = dim_ + 1; d < in.size(); ++d) inner *= in[d];
+    const int64_t n = in[dim_];
+    // The offset in x (contiguous) of the k-th maximum.
+    const auto at = [&](int64_t k) { return (k / inner * n + pi[k]) * inner + k % inner; };
+    if (is_grad_enabled()) {  // create_graph
+      Tensor mask = zeros(in, kBool);
+      bool* pm = mask.data<bool>();
+      for (int64_t k = 0; k < idx.numel(); ++k) pm[at(k)] = true;
+      Shape kept = in;
+      kept[dim_] = 1;
+      return {where(mask, reshape(grads[0], kept), zeros({}, grads[0].dtype()))};
+    }
+    const Tensor g = grads[0].contiguous();
     Tensor grad_x = zeros(in, g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
-      const int64_t* pi = idx.data<int64_t>();
       T* px = grad_x.data<T>();
-      int64_t inner = 1;
-      for (size_t d = dim_ + 1; d < in.size(); ++d) inner *= in[d];
-      const int64_t n = in[dim_];
-      for (int64_t k = 0; k < g.numel(); ++k) {
-        const int64_t outer = k / inner, i = k % inner;
-        px[(outer * n + pi[k]) * inner + i] = pg[k];
-      }
+      for (int64_t k = 0; k < g.numel(); ++k) px[at(k)] = pg[k];
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor indices_;
 };
@@ -494,14 +529,15 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 
 namespace {
 
-// y = max(x):  dX = dY / k at each of the k elements equal to y, 0 elsewhere
+// y = max(x):  dX = dY / k at each of the k elements equal to y, 0 elsewhere (in ops)
 struct MaxAllBackward final : Node {
-  MaxAllBackward(const Tensor& x, const Tensor& y) { save(x_, x), save(y_, y); }
+  MaxAllBackward(const Tensor& x, const Tensor& y) { save(x_, x), save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor mask = eq(x_.get(), y_.get());
     const double ties = sum(mask).item<double>();
     return {mul(mask.to(grads[0].dtype()), div(grads[0], ties))};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor x_, y_;
 };
 

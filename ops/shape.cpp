@@ -284,6 +284,18 @@ Tensor slice_view(const Tensor& t, int64_t dim, int64_t start, int64_t length, i
   return make_view(t, shape, strides, t.storage_offset() + start * t.stride(dim));
 }
 
+// y = zeros of `shape` with x written into [..., start::step, ...] (op slice_backward, slice's
+// backward under create_graph):  dX = dY[..., start::step, ...]
+struct SliceBackwardBackward final : Node {
+  SliceBackwardBackward(int64_t dim, int64_t start, int64_t step)
+      : dim_(dim), start_(start), step_(step) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {slice(grads[0], dim_, start_, start_ + input_shapes[0][dim_] * step_, step_)};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t dim_, start_, step_;
+};
+
 // y = x[..., start::step, ...] (length elements):  dX = zeros with dY written into that slice
 struct SliceBackward final : Node {
   SliceBackward(int64_t dim, int64_t start, int64_t step) : dim_(dim), start_(start), step_(step) {}
@@ -291,8 +303,11 @@ struct SliceBackward final : Node {
     const Tensor& g = grads[0];
     Tensor grad_x = zeros(input_shapes[0], g.dtype());
     copy_into(slice_view(grad_x, dim_, start_, g.size(dim_), step_), g);
+    if (is_grad_enabled())  // create_graph: recorded as op slice_backward
+      return {record<SliceBackwardBackward>("slice_backward", grad_x, {g}, dim_, start_, step_)};
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_, start_, step_;
 };
 

@@ -126,6 +126,7 @@ const OpTable kElementwiseOps = {
 BOOST_AUTO_TEST_SUITE(test_elementwise)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kElementwiseOps); }
@@ -234,6 +235,49 @@ BOOST_AUTO_TEST_CASE(mixed_dtype_gradients) {
     BOOST_TEST((y.grad().dtype() == kFloat64), name);
     expect_close(x.grad().to(kFloat64), x64.grad(), 1e-6, 1e-6, name + " dx");
     expect_close(y.grad(), y64.grad(), 1e-6, 1e-6, name + " dy");
+  }
+}
+
+// Under create_graph the backwards of gelu, clamp, maximum/minimum, where and masked_fill are
+// written in ops: the same gradients as the fused kernels at kinks, ties and NaN, and second
+// derivatives beyond the table (gelu's against the formula, its third by finite differences).
+BOOST_AUTO_TEST_CASE(double_backward_at_kinks_and_ties) {
+  const double nan = std::nan("");
+  const Tensor x = tensor({-1.0, 0.5, 1.0, 2.0, nan, 3.0}, kFloat64).requires_grad_();
+  const Tensor y = tensor({-1.0, 1.0, 1.0, -2.0, 0.0, nan}, kFloat64).requires_grad_();
+  const Tensor mask = tensor({1, 0, 1, 0, 0, 1}, kBool);
+  const Tensor gy = tensor({1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, kFloat64).requires_grad_();
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> ops = {
+      {"clamp", [&] { return clamp(x, -1.0, 1.0); }},
+      {"maximum", [&] { return maximum(x, y); }},
+      {"minimum", [&] { return minimum(x, y); }},
+      {"where", [&] { return where(mask, x, y); }},
+      {"masked_fill", [&] { return masked_fill(x, mask, 2.0); }}};
+  for (const auto& [name, f] : ops) {
+    const std::vector<Tensor> plain = autograd::grad({f()}, {x, y}, {gy}, {}, false, true);
+    const std::vector<Tensor> in_ops = autograd::grad({f()}, {x, y}, {gy}, {}, true, true);
+    for (size_t i = 0; i < 2; ++i) {
+      BOOST_TEST(plain[i].defined() == in_ops[i].defined(), name);
+      if (!plain[i].defined()) continue;
+      BOOST_TEST(in_ops[i].requires_grad(), name);
+      expect_close(in_ops[i].detach(), plain[i], 0, 0, fmt::format("{} grad {}", name, i));
+    }
+  }
+  // gelu: d²/dx² x Φ(x) = φ(x) (2 - x²); the tanh form against finite differences of its first.
+  const Tensor v = tensor({-2.5, -0.3, 0.0, 0.7, 3.0}, kFloat64).requires_grad_();
+  const Tensor g = autograd::grad({gelu(v).sum()}, {v}, {}, {}, true)[0];
+  const Tensor d2 = autograd::grad({g.sum()}, {v})[0];
+  const Tensor u = v.detach();
+  expect_close(d2, exp(u * u * -0.5) * (1.0 / std::sqrt(2 * M_PI)) * (2.0 - u * u), 1e-12, 1e-14,
+               "gelu second derivative");
+  const auto first = [](std::string_view approximate) {
+    return [approximate](const std::vector<Tensor>& in) {
+      return autograd::grad({gelu(in[0], approximate).sum()}, {in[0]}, {}, {}, true)[0];
+    };
+  };
+  for (std::string_view approximate : {"none", "tanh"}) {
+    const GradcheckResult r = gradgradcheck(first(approximate), {v});
+    BOOST_TEST(r.ok, "gelu " << approximate << " third derivative: " << r.message);
   }
 }
 

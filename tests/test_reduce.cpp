@@ -91,6 +91,7 @@ BOOST_AUTO_TEST_CASE(sum_over_leading_dims) {
 }
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kReduceOps); }
@@ -149,6 +150,41 @@ BOOST_AUTO_TEST_CASE(std_logsumexp_cumsum) {
   // Float32 sums accumulate in double, as torch's CPU kernel.
   const Tensor run = cumsum(full({1 << 17}, 0.1f), 0);
   BOOST_TEST(std::abs(run.to_vector<double>().back() - 0.1f * double(1 << 17)) < 1e-3);
+}
+
+// Double backward beyond the table: std's second derivatives stay finite (0) at a constant input;
+// max's gradients in ops (create_graph) equal the fused ones at ties; the backward of cumsum (a
+// reversed running sum) differentiated twice as a function of the grad_output.
+BOOST_AUTO_TEST_CASE(double_backward) {
+  const Tensor c = full({2, 4}, 2.0, kFloat64).requires_grad_();
+  const Tensor gc = autograd::grad({c.std({1}).sum()}, {c}, {}, {}, true)[0];
+  BOOST_TEST((gc.detach().to_vector<double>() == std::vector<double>(8, 0.0)));
+  const Tensor hc = autograd::grad({(gc * gc.detach().add(1.0)).sum()}, {c})[0];
+  BOOST_TEST((hc.to_vector<double>() == std::vector<double>(8, 0.0)));
+  const Tensor t =
+      tensor({1.0, 3.0, 3.0, 2.0, 2.0, 0.0}, kFloat64).reshape({2, 3}).requires_grad_();
+  const std::vector<std::pair<std::string, std::function<Tensor()>>> ops = {
+      {"max all", [&] { return t.max() * 5.0; }},
+      {"max dim 1", [&] { return max(t, 1).values * 2.0; }},
+      {"max dim 0 keepdim", [&] { return max(t, 0, true).values * 3.0; }}};
+  for (const auto& [name, f] : ops) {
+    const Tensor plain = autograd::grad({f().sum()}, {t})[0];
+    const Tensor in_ops = autograd::grad({f().sum()}, {t}, {}, {}, true)[0];
+    expect_close(in_ops.detach(), plain, 0, 0, name);
+  }
+  manual_seed(17);
+  const Tensor x = leaf({3, 4});
+  const auto backward_of_cumsum = [&](int64_t dim) {
+    return [x, dim](const std::vector<Tensor>& in) {
+      return autograd::grad({cumsum(x, dim)}, {x}, {in[0]}, {}, true)[0];
+    };
+  };
+  for (const int64_t dim : {0, -1}) {
+    const GradcheckResult r = gradgradcheck(backward_of_cumsum(dim), {leaf({3, 4})});
+    BOOST_TEST(r.ok, "the backward of cumsum, dim " << dim << ": " << r.message);
+  }
+  BOOST_TEST(autograd::grad({cumsum(x, 1)}, {x}, {leaf({3, 4})}, {}, true)[0].grad_fn()->name() ==
+             "ReverseCumsumBackward");
 }
 
 BOOST_AUTO_TEST_CASE(errors) {

@@ -85,6 +85,7 @@ const OpTable kShapeOps = {
 BOOST_AUTO_TEST_SUITE(test_shape)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kShapeOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kShapeOps); }
@@ -176,6 +177,24 @@ BOOST_AUTO_TEST_CASE(view_gradients) {
   // side by side (zeros for a piece that got none: the second row above).
   BOOST_TEST(halves[0].grad_fn() == halves[1].grad_fn());
   BOOST_TEST(halves[0].grad_fn()->name() == "ChunkBackward");
+}
+
+// slice's backward under create_graph is an op of its own (slice_backward: zeros with the
+// gradient written into the slice), whose backward is slice again: checked as a function of the
+// grad_output, twice.
+BOOST_AUTO_TEST_CASE(slice_double_backward) {
+  manual_seed(23);
+  const Tensor x = leaf({4, 7});
+  const auto backward_of_slice = [x](const std::vector<Tensor>& in) {
+    return autograd::grad({x.slice(1, 1, std::nullopt, 3)}, {x}, {in[0]}, {}, true)[0];
+  };
+  const Tensor g = leaf({4, 2});
+  const GradcheckResult r = gradgradcheck(backward_of_slice, {g});
+  BOOST_TEST(r.ok, r.message);
+  const Tensor dx = backward_of_slice({g});
+  BOOST_TEST(dx.grad_fn()->name() == "SliceBackwardBackward");
+  expect_close(dx.detach().slice(1, 1, std::nullopt, 3), g.detach(), 0, 0, "the slice");
+  BOOST_TEST(dx.detach().sum().item<double>() == g.detach().sum().item<double>());
 }
 
 BOOST_AUTO_TEST_CASE(errors) {
