@@ -2,6 +2,9 @@
 // log_softmax (one pass for the max, one for the sum), layer_norm (mean and variance in one
 // pass, llm.c style), inverted dropout, the embedding gather/scatter, and scaled dot-product
 // attention (matmuls around a fused masked softmax).
+// Under create_graph each backward is written in ops instead (the forward's pieces recomputed in
+// ops where the kernels saved data), so that it can be differentiated again (Note [Double
+// backward]); first-order backwards keep the kernels.
 #include "ops/nn_functional.h"
 
 #include <algorithm>
@@ -319,10 +322,16 @@ EMBER_VEC_INLINE void softmax_backward_contiguous_row(const T* g, const T* y, T*
 // y = softmax(x) or log_softmax(x) along dim_; saves the output y as data (Note [Saved outputs]).
 //   softmax:      dX = y * (dY - Σ_dim dY * y)
 //   log_softmax:  dX = dY - exp(y) * Σ_dim dY
+// Under create_graph the same formulas in ops, through y as this Node's output.
 template <bool Log>
 struct SoftmaxBackward final : Node {
-  SoftmaxBackward(int64_t dim, const Tensor& y) : dim_(dim) { save(y_, y); }
+  SoftmaxBackward(int64_t dim, const Tensor& y) : dim_(dim) { save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor &dy = grads[0], y = y_.get();
+      if constexpr (Log) return {sub(dy, mul(exp(y), sum(dy, {dim_}, true)))};
+      return {mul(y, sub(dy, sum(mul(dy, y), {dim_}, true)))};
+    }
     const Tensor g = grads[0].contiguous();
     const Tensor& y = y_.get();
     Tensor grad_x = empty(y.shape(), y.dtype());
@@ -351,6 +360,7 @@ struct SoftmaxBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   int64_t dim_;
   SavedTensor y_;
 };
@@ -528,13 +538,21 @@ const T* data_or_null(const Tensor& t) {
 }
 
 // y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
-// x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative).
+// x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative). Under
+// create_graph the normalisation is recomputed in ops from the input x (the kernel's mean and
+// rstd are data), over its k trailing dims:
+//   xhat = (x - mean(x)) / sqrt(mean((x - mean(x))²) + eps),  dxhat = dY * weight
+//   dX = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),  dW = Σ dY xhat,  dB = Σ dY
 struct LayerNormBackward final : Node {
-  LayerNormBackward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd)
-      : M_(mean.numel()), N_(M_ == 0 ? 0 : x.numel() / M_) {
+  LayerNormBackward(const Tensor& input, const Tensor& weight_input, const Tensor& x,
+                    const Tensor& weight, const Tensor& mean, const Tensor& rstd, int64_t k,
+                    double eps)
+      : M_(mean.numel()), N_(M_ == 0 ? 0 : x.numel() / M_), k_(k), eps_(eps) {
     save(x_, x), save(weight_, weight), save(mean_, mean), save(rstd_, rstd);
+    save(input_, input), save(weight_input_, weight_input);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
     const Tensor g = grads[0].contiguous();
     const Tensor& x = x_.get();
     Tensor grad_x, grad_w, grad_b;
@@ -554,8 +572,28 @@ struct LayerNormBackward final : Node {
     });
     return {grad_x, grad_w, grad_b};
   }
-  int64_t M_, N_;
-  SavedTensor x_, weight_, mean_, rstd_;
+  std::vector<Tensor> apply_in_ops(const Tensor& dy) {
+    const Tensor &x = input_.get(), w = weight_input_.get();
+    std::vector<int64_t> dims;
+    for (int64_t d = x.dim() - k_; d < x.dim(); ++d) dims.push_back(d);
+    const Tensor centred = sub(x, mean(x, dims, true));
+    const Tensor rstd = pow(add(mean(mul(centred, centred), dims, true), eps_), -0.5);
+    const Tensor xhat = mul(centred, rstd);
+    Tensor grad_x, grad_w, grad_b;
+    if (needs_grad(0)) {
+      const Tensor dxhat = w.defined() ? mul(dy, w) : dy;
+      grad_x = mul(rstd, sub(sub(dxhat, mean(dxhat, dims, true)),
+                             mul(xhat, mean(mul(dxhat, xhat), dims, true))));
+    }
+    if (needs_grad(1)) grad_w = sum_to(mul(dy, xhat), input_shapes[1]);
+    if (needs_grad(2)) grad_b = sum_to(dy, input_shapes[2]);
+    return {grad_x, grad_w, grad_b};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t M_, N_, k_;
+  double eps_;
+  SavedTensor x_, weight_, mean_, rstd_;  // the kernel's: contiguous data
+  SavedTensor input_, weight_input_;      // the op's inputs, for the backward in ops
 };
 
 void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shape,
@@ -593,7 +631,8 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
     layer_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
                           mean.data<T>(), rstd.data<T>(), M, N, eps);
   });
-  return record<LayerNormBackward>(op, out, {x, weight, bias}, xc, w, mean, rstd);
+  return record<LayerNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, k,
+                                   eps);
 }
 
 // --- dropout
@@ -687,10 +726,14 @@ Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_vie
 }
 
 // y = x * mask * scale:  dX = dY * mask * scale, the forward's mask read back (Note [Dropout
-// masks]).
+// masks]); under create_graph a product with the mask as a constant tensor.
 struct DropoutBackward final : Node {
   DropoutBackward(Tensor keep, double scale) : keep_(std::move(keep)), scale_(scale) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor& dy = grads[0];
+      return {mul(dy, mul(as_type(keep_, dy.dtype()), scale_).view(dy.shape()))};
+    }
     const Tensor g = grads[0].contiguous();
     Tensor dx = empty(g.shape(), g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
@@ -710,6 +753,7 @@ struct DropoutBackward final : Node {
     });
     return {dx};
   }
+  bool differentiable_backward() const override { return true; }
   Tensor keep_;  // Bool, one element for each of x's, contiguous
   double scale_;
 };
@@ -734,30 +778,61 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 
 namespace {
 
-// out[k, :] = weight[indices[k], :]:  dWeight[indices[k], :] += dOut[k, :]  (repeats add up),
-// except the padding row, which gets no gradient (torch's padding_idx)
+// dW = embedding_backward(dOut) (below) adds row k of dOut into row indices[k] of zeros:
+//   d(dOut)[k, :] = ddW[indices[k], :], zeros where indices[k] is the padding row
+// which is embedding's forward again, of ddW with its padding row zeroed.
+struct EmbeddingBackwardBackward final : Node {
+  EmbeddingBackwardBackward(const Tensor& indices, int64_t padding_idx)
+      : padding_idx_(padding_idx) {
+    save(indices_, indices);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    Tensor gg = grads[0];
+    if (padding_idx_ >= 0) {  // a constant 0 on the padding row, 1 elsewhere
+      Tensor rows = ones({gg.size(0), 1}, gg.dtype());
+      rows.narrow(0, padding_idx_, 1).fill_(0.0);
+      gg = mul(gg, rows);
+    }
+    return {embedding(gg, indices_.get())};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor indices_;
+  int64_t padding_idx_;  // -1: none
+};
+
+// The gradient of embedding's weight (wshape) for dOut g: zeros with g's row k added into row
+// indices[k] (repeats add up), except the padding row, which gets none (torch's padding_idx). An
+// op of its own (recorded under create_graph), so that its gradient can be taken in turn.
+Tensor embedding_backward(const Tensor& g, const Tensor& indices, const Shape& wshape,
+                          int64_t padding_idx) {
+  constexpr std::string_view op = "embedding_backward";
+  const Tensor gc = contiguous_data(g);
+  Tensor grad_w = zeros(wshape, g.dtype());
+  dispatch_float(g.dtype(), op, [&]<class T>() {
+    const int64_t* idx = indices.data<int64_t>();
+    const T* pg = gc.data<T>();
+    T* pw = grad_w.data<T>();
+    const int64_t dim = wshape[1], count = indices.numel();
+    for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
+      if (idx[k] == padding_idx) continue;
+      T* row = pw + idx[k] * dim;
+      const T* src = pg + k * dim;
+      for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
+    }
+  });
+  if (!is_grad_enabled()) return grad_w;  // a first-order backward: nothing to record or check
+  return record<EmbeddingBackwardBackward>(op, grad_w, {g}, indices, padding_idx);
+}
+
+// out[k, :] = weight[indices[k], :]:  dWeight = embedding_backward(dOut)
 struct EmbeddingBackward final : Node {
   EmbeddingBackward(const Tensor& indices, int64_t padding_idx) : padding_idx_(padding_idx) {
     save(indices_, indices);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor g = grads[0].contiguous();
-    const Shape& wshape = input_shapes[0];
-    Tensor grad_w = zeros(wshape, g.dtype());
-    dispatch_float(g.dtype(), op(), [&]<class T>() {
-      const int64_t* idx = indices_.get().data<int64_t>();
-      const T* pg = g.data<T>();
-      T* pw = grad_w.data<T>();
-      const int64_t dim = wshape[1], count = indices_.get().numel();
-      for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
-        if (idx[k] == padding_idx_) continue;
-        T* row = pw + idx[k] * dim;
-        const T* src = pg + k * dim;
-        for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
-      }
-    });
-    return {grad_w};
+    return {embedding_backward(grads[0], indices_.get(), input_shapes[0], padding_idx_)};
   }
+  bool differentiable_backward() const override { return true; }
   SavedTensor indices_;
   int64_t padding_idx_;  // -1: none
 };
@@ -977,19 +1052,39 @@ Tensor apply_attention_dropout(const Tensor& t, const AttentionDropout& d, std::
   }
 }
 
+// True when the Bool tensor t holds a true element.
+bool any_true(const Tensor& t) {
+  const Tensor c = contiguous_data(t);
+  const bool* b = c.data<bool>();
+  return std::any_of(b, b + c.numel(), [](bool e) { return e; });
+}
+
 // The last two dims swapped, a view (no autograd: used where grad mode is off).
 Tensor swap_last(const Tensor& t) { return transpose(t, -2, -1); }
 
+// The dropout of a weights tensor of `shape` as a constant factor: 0 where dropped, the scale
+// elsewhere (apply_attention_dropout(t) is t times it); undefined without dropout.
+Tensor attention_dropout_factor(const Shape& shape, DType dtype, const AttentionDropout& d,
+                                std::string_view op) {
+  if (d.kind == AttentionDropout::None) return {};
+  NoGradGuard no_grad;
+  return apply_attention_dropout(ones(shape, dtype), d, op);
+}
+
 // out = dropout(softmax(q kᵀ · scale + mask)) v (Note [Attention kernel]); inputs q, k, v and a
-// floating mask (undefined when Bool or absent).
+// floating mask (undefined when Bool or absent). Under create_graph P is recomputed in ops from
+// q, k and the mask (the kernel's P is data; it tells the rows where no key takes part, zeros):
+//   S = q kᵀ · scale + mask, -inf where a key is left out,  P = softmax(S) (0 in those rows)
+// and the formulas of Note [Attention kernel] follow in ops.
 struct ScaledDotProductAttentionBackward final : Node {
   ScaledDotProductAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& p, AttentionDropout dropout, double scale,
-                                    bool causal)
-      : dropout_(dropout), scale_(scale), causal_(causal) {
-    save(q_, q), save(k_, k), save(v_, v), save(p_, p);
+                                    const Tensor& float_mask, Tensor bool_mask, const Tensor& p,
+                                    AttentionDropout dropout, double scale, bool causal)
+      : bool_mask_(std::move(bool_mask)), dropout_(dropout), scale_(scale), causal_(causal) {
+    save(q_, q), save(k_, k), save(v_, v), save(p_, p), save(mask_, float_mask);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
     const Tensor& g = grads[0];
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get();
     Tensor grad_q, grad_k, grad_v, grad_mask;
@@ -1012,10 +1107,46 @@ struct ScaledDotProductAttentionBackward final : Node {
     if (needs_grad(1)) grad_k = matmul(swap_last(ds), q);
     return {grad_q, grad_k, grad_v, grad_mask};
   }
+  std::vector<Tensor> apply_in_ops(const Tensor& g) {
+    const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p_data = p_.get();
+    const Shape& shape = p_data.shape();
+    const int64_t L = shape.end()[-2], S = shape.end()[-1];
+    Tensor s = mul(matmul(q, transpose(k, -2, -1)), scale_);
+    if (mask_.defined()) s = add(s, mask_.get());
+    if (s.shape() != shape) s = expand(s, shape);
+    Tensor left_out;  // Bool: true where a key takes no part
+    if (bool_mask_.defined()) left_out = logical_not(bool_mask_);
+    if (causal_)  // key j > query i
+      left_out = gt(arange(0, static_cast<double>(S), 1, kInt64).view({1, S}),
+                    arange(0, static_cast<double>(L), 1, kInt64).view({L, 1}));
+    if (left_out.defined()) s = masked_fill(s, left_out, -std::numeric_limits<double>::infinity());
+    // Rows where no key takes part (the kernel's P sums to 0 there): S 0, so that softmax gives
+    // no NaN, and P 0.
+    const Tensor empty_rows = eq(sum(p_data, {-1}, true), 0.0);
+    const bool any_empty = any_true(empty_rows);
+    if (any_empty) s = masked_fill(s, empty_rows, 0.0);
+    Tensor p = softmax(s, -1);
+    if (any_empty) p = masked_fill(p, empty_rows, 0.0);
+    const Tensor drop = attention_dropout_factor(shape, p.dtype(), dropout_, op());
+    const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
+    Tensor grad_q, grad_k, grad_v, grad_mask;
+    if (needs_grad(2)) grad_v = matmul(transpose(dropped(p), -2, -1), g);
+    if (!needs_grad(0) && !needs_grad(1) && !needs_grad(3)) return {grad_q, grad_k, grad_v, {}};
+    Tensor dp = matmul(g, transpose(v, -2, -1));
+    if (dp.shape() != shape) dp = sum_to(dp, shape);
+    dp = dropped(dp);
+    const Tensor ds = mul(p, sub(dp, sum(mul(dp, p), {-1}, true)));
+    if (needs_grad(3)) grad_mask = ds;
+    if (needs_grad(0)) grad_q = mul(matmul(ds, k), scale_);
+    if (needs_grad(1)) grad_k = mul(matmul(transpose(ds, -2, -1), q), scale_);
+    return {grad_q, grad_k, grad_v, grad_mask};
+  }
+  bool differentiable_backward() const override { return true; }
+  Tensor bool_mask_;  // the Bool attn_mask, or undefined
   AttentionDropout dropout_;
   double scale_;
   bool causal_;
-  SavedTensor q_, k_, v_, p_;
+  SavedTensor q_, k_, v_, p_, mask_;
 };
 
 }  // namespace
@@ -1073,8 +1204,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     out = matmul(apply_attention_dropout(p, drop, op), value);
   }
   const Tensor float_mask = mask.defined() && mask.dtype() != kBool ? mask : Tensor();
+  const Tensor bool_mask = mask.defined() && mask.dtype() == kBool ? mask : Tensor();
   return record<ScaledDotProductAttentionBackward>(op, out, {query, key, value, float_mask}, query,
-                                                   key, value, p, drop, sc, is_causal);
+                                                   key, value, float_mask, bool_mask, p, drop, sc,
+                                                   is_causal);
 }
 
 // --- head_attention
@@ -1255,7 +1388,9 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
   }
 }
 
-// Note [Head attention]; inputs q, k, v.
+// Note [Head attention]; inputs q, k, v. Under create_graph P is recomputed in ops from q and k
+// (the kernel's P is data), the heads split as (B, h, T, d_k) views, and the formulas of the Note
+// follow in ops.
 struct HeadAttentionBackward final : Node {
   HeadAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p,
                         const Tensor& pd, Tensor keep, AttentionDropout dropout, Heads heads)
@@ -1263,6 +1398,7 @@ struct HeadAttentionBackward final : Node {
     save(q_, q), save(k_, k), save(v_, v), save(p_, p), save(pd_, pd);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
     const Tensor dout = grads[0].contiguous();
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get(), &pd = pd_.get();
     const Heads& g = heads_;
@@ -1291,6 +1427,33 @@ struct HeadAttentionBackward final : Node {
     });
     return {dq, dk, dv};
   }
+  std::vector<Tensor> apply_in_ops(const Tensor& dout) {
+    const Heads& g = heads_;
+    const auto split = [&](const Tensor& t) {  // (B, T, D) -> (B, h, T, d_k)
+      return transpose(reshape(t, {g.B, t.size(1), g.h, g.dk}), 1, 2);
+    };
+    const auto merge = [&](const Tensor& t) {  // (B, h, T, d_k) -> (B, T, D)
+      return reshape(transpose(t, 1, 2), {g.B, t.size(2), g.D});
+    };
+    const Tensor q = split(q_.get()), k = split(k_.get()), v = split(v_.get()), d_o = split(dout);
+    const double div_by = std::sqrt(static_cast<double>(g.dk));
+    const Tensor left_out = keep_.defined() ? unsqueeze(logical_not(keep_), 1) : Tensor();
+    Tensor s = div(matmul(q, transpose(k, -2, -1)), div_by);
+    if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
+    const Tensor p = softmax(s, -1);
+    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
+    Tensor dq, dk, dv;
+    if (needs_grad(2)) dv = merge(matmul(transpose(dropped(p), -2, -1), d_o));
+    if (!needs_grad(0) && !needs_grad(1)) return {dq, dk, dv};
+    const Tensor dp = dropped(matmul(d_o, transpose(v, -2, -1)));
+    Tensor ds = div(mul(p, sub(dp, sum(mul(dp, p), {-1}, true))), div_by);
+    if (left_out.defined()) ds = masked_fill(ds, left_out, 0.0);
+    if (needs_grad(0)) dq = merge(matmul(ds, k));
+    if (needs_grad(1)) dk = merge(matmul(transpose(ds, -2, -1), q));
+    return {dq, dk, dv};
+  }
+  bool differentiable_backward() const override { return true; }
   Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
   AttentionDropout dropout_;
   Heads heads_;

@@ -1,7 +1,9 @@
 // softmax, log_softmax, layer_norm, dropout, embedding and scaled_dot_product_attention: one table
-// of cases (tests/op_table.h) drives gradcheck on several layouts, the PyTorch golden values and
-// gradients and the edge cases; then extreme inputs, the parallel paths, dropout's masks,
-// attention at the GPT shape, with dropout and masks, and every error message.
+// of cases (tests/op_table.h) drives gradcheck and gradgradcheck on several layouts, the
+// backward in ops (create_graph) against the kernels', the PyTorch golden values and gradients and
+// the edge cases; then extreme inputs, the parallel paths, dropout's masks, attention at the GPT
+// shape, with dropout and masks, every error message, and double backward where the table does
+// not reach (dropout, masks, padding_idx, head_attention).
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -138,6 +140,35 @@ const OpTable kNnFunctionalOps = {
 };
 // clang-format on
 
+// The first derivatives under create_graph (the backward in ops) against the first-order
+// kernels', for every differentiable row on its layouts.
+void check_create_graph_gradients(const OpTable& table) {
+  for (const OpCase& c : table) {
+    if (!c.differentiable() || (c.flags & kNoGradcheck)) continue;
+    BOOST_TEST_CONTEXT(c.name) {
+      manual_seed(testing::detail::seed_of(c.name) + 5);
+      for (const auto layout : testing::detail::layouts(c)) {
+        const testing::detail::LaidOut row = testing::detail::lay_out(c, layout);
+        std::vector<Tensor> wrt;
+        for (const Tensor& t : row.leaves)
+          if (t.requires_grad()) wrt.push_back(t);
+        const Tensor up = randn(row.through_views(row.leaves).shape(), kFloat64);
+        const auto grads = [&](bool create_graph) {
+          return autograd::grad({row.through_views(row.leaves)}, wrt, {up}, std::nullopt,
+                                create_graph, true);
+        };
+        const std::vector<Tensor> first = grads(false), in_ops = grads(true);
+        for (size_t i = 0; i < wrt.size(); ++i) {
+          BOOST_TEST(in_ops[i].defined() == first[i].defined());
+          if (first[i].defined())
+            expect_close(in_ops[i], first[i], 1e-10, 1e-12,
+                         fmt::format("{}, input {}", testing::detail::layout_name(layout), i));
+        }
+      }
+    }
+  }
+}
+
 // y.backward(upstream) and the gradient of x.
 Tensor grad_through(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
                     const Tensor& upstream) {
@@ -151,6 +182,10 @@ Tensor grad_through(const std::function<Tensor(const Tensor&)>& f, const Tensor&
 BOOST_AUTO_TEST_SUITE(test_nn_functional)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_create_graph_gradients) {
+  check_create_graph_gradients(kNnFunctionalOps);
+}
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
@@ -638,6 +673,86 @@ BOOST_AUTO_TEST_CASE(attention_frees_graph_and_errors) {
   expect_error([&] { scaled_dot_product_attention(q, k, v, {}, 1.5); }, {op, "dropout_p", "1.5"});
   expect_error([&] { scaled_dot_product_attention(q, k, zeros({5, 6}, kInt64)); }, {op, "Int64"});
   expect_error([&] { scaled_dot_product_attention(Tensor(), k, v); }, {op, "undefined"});
+}
+
+// --- double backward where the table does not reach
+
+namespace {
+
+void check_gradgrad(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                    const std::vector<Tensor>& inputs, const std::string& what) {
+  const GradcheckResult r = gradgradcheck(f, inputs);
+  BOOST_TEST(r.ok, what << ": " << r.message);
+}
+
+}  // namespace
+
+// Dropout and attention's dropout, each mask fixed by seeding the generator inside f; Bool masks
+// and a constant float mask with a row where no key takes part (zeros, whose gradient is zero);
+// embedding's padding row.
+BOOST_AUTO_TEST_CASE(gradgradcheck_dropout_masks_padding) {
+  manual_seed(41);
+  check_gradgrad(
+      [](const auto& v) {
+        manual_seed(4);  // the same mask on every call
+        return dropout(v[0].transpose(0, 1), 0.4, true);
+      },
+      {leaf({3, 4})}, "dropout");
+  check_gradgrad([](const auto& v) { return dropout(v[0], 1.0, true); }, {leaf({3, 4})},
+                 "dropout p 1");
+  check_gradgrad(
+      [](const auto& v) {
+        manual_seed(6);
+        return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.3, true);
+      },
+      {leaf({2, 4, 3}), leaf({2, 5, 3}), leaf({2, 5, 2})}, "attention with dropout, causal");
+  Tensor keep = from_vector(std::vector<double>{1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1}, {3, 4}, kBool);
+  check_gradgrad(
+      [&](const auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], keep); },
+      {leaf({2, 3, 2}), leaf({2, 4, 2}), leaf({2, 4, 3})}, "attention, a row with no key");
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor added =
+      from_vector(std::vector<double>{0, -inf, 0.5, -inf, -inf, -inf}, {2, 3}, kFloat64);
+  check_gradgrad(
+      [&](const auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], added); },
+      {leaf({2, 2, 2}), leaf({2, 3, 2}), leaf({2, 3, 2})}, "attention, -inf float mask");
+  // Squared, so that the gradient depends on the weight; the padding row's does not (none
+  // flows to it), in the first derivative and the second alike.
+  for (const std::optional<int64_t> padding_idx :
+       {std::optional<int64_t>(4), std::optional<int64_t>()})
+    check_gradgrad(
+        [&](const auto& v) {
+          const Tensor e = embedding(v[0], ints({1, 4, 4, 2, 0, 4}).reshape({3, 2}), padding_idx);
+          return e * e;
+        },
+        {leaf({5, 3})}, fmt::format("embedding padding_idx {}", padding_idx.value_or(-1)));
+}
+
+// head_attention (Note [Head attention]): two heads through a permuted k, a keep mask with a row
+// where no key is kept (uniform weights), and three heads with dropout.
+BOOST_AUTO_TEST_CASE(gradgradcheck_head_attention) {
+  manual_seed(42);
+  Tensor keep = from_vector(
+      std::vector<double>{1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0},
+      {2, 3, 4}, kBool);
+  const auto f = [&](const std::vector<Tensor>& in) {
+    return head_attention(in[0], in[1].permute({2, 1, 0}), in[2], 2, keep).values;
+  };
+  check_gradgrad(f, {leaf({2, 3, 6}), leaf({6, 4, 2}), leaf({2, 4, 6})}, "head_attention");
+  check_gradgrad(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(3);  // the same dropout mask at every evaluation
+        return head_attention(in[0], in[1], in[2], 3, Tensor(), 0.3).values;
+      },
+      {leaf({2, 3, 6}), leaf({2, 4, 6}), leaf({2, 4, 6})}, "head_attention with dropout");
+  // The gradient under create_graph (in ops) is the first-order kernels' gradient.
+  const Tensor q = leaf({2, 3, 6}), k = leaf({6, 4, 2}), v = leaf({2, 4, 6});
+  const Tensor up = randn({2, 3, 6}, kFloat64);
+  const std::vector<Tensor> first = autograd::grad({f({q, k, v})}, {q, k, v}, {up});
+  const std::vector<Tensor> in_ops =
+      autograd::grad({f({q, k, v})}, {q, k, v}, {up}, std::nullopt, true);
+  for (size_t i = 0; i < 3; ++i)
+    expect_close(in_ops[i], first[i], 1e-12, 1e-12, fmt::format("input {}", i));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
