@@ -1,6 +1,8 @@
 // Losses with torch semantics and Reduction::{None, Mean, Sum}. Each loss computes its
 // per-element (or per-row) values and reduces them in double inside one op, with one fused
 // backward Node: no chain of generic ops, nothing materialised that the backward does not read.
+// Under create_graph each backward is written in ops instead, so that it can be differentiated
+// again (Note [Double backward]).
 #include "ops/loss.h"
 
 #include <algorithm>
@@ -46,6 +48,11 @@ struct LossGrad {
   T scale_ = 0;
 };
 
+// dL of one element's (row's) loss per unit of dOut: 1 / n for Mean over n of them, else 1.
+double mean_scale(Reduction reduction, double n) {
+  return reduction == Reduction::Mean ? 1.0 / n : 1.0;
+}
+
 // A pointwise loss l(input, target) over the broadcast shape, reduced.
 template <class F>
 Tensor pointwise_loss(const Tensor& input, const Tensor& target, Reduction reduction,
@@ -78,7 +85,7 @@ Tensor pointwise_grad(const Tensor& a, const Tensor& b, const Tensor& g, Reducti
 
 namespace {
 
-// l = (x - t)²:  dX = 2 (x - t) dL,  dT = -2 (x - t) dL
+// l = (x - t)²:  dX = 2 (x - t) dL,  dT = -2 (x - t) dL (in ops under create_graph)
 struct MseLossBackward final : Node {
   MseLossBackward(const Tensor& input, const Tensor& target, Reduction reduction)
       : reduction_(reduction) {
@@ -86,6 +93,12 @@ struct MseLossBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor &x = input_.get(), &t = target_.get();
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor d = sub(x, t);
+      const Tensor grad_x =
+          mul(mul(d, grads[0]), 2.0 * mean_scale(reduction_, static_cast<double>(d.numel())));
+      return {needs_grad(0) ? grad_x : Tensor(), needs_grad(1) ? neg(grad_x) : Tensor()};
+    }
     return dispatch_float(x.dtype(), op(), [&]<class T>() {
       const Tensor grad_x =
           pointwise_grad<T>(x, t, grads[0], reduction_, [](T a, T b) { return 2 * (a - b); });
@@ -93,6 +106,7 @@ struct MseLossBackward final : Node {
                                  needs_grad(1) ? neg(grad_x) : Tensor()};
     });
   }
+  bool differentiable_backward() const override { return true; }
   Reduction reduction_;
   SavedTensor input_, target_;
 };
@@ -116,7 +130,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 namespace {
 
 // l = t (log t - x), 0 where t = 0 (torch's xlogy):  dX = -t dL,
-// dT = (log t + 1 - x) dL where t > 0 (0 where t = 0, the limit of the one-sided subgradient)
+// dT = (log t + 1 - x) dL where t > 0 (0 where t = 0, the limit of the one-sided subgradient);
+// in ops under create_graph, log read at 1 where t <= 0 (so that no NaN reaches its gradient).
 struct KlDivBackward final : Node {
   KlDivBackward(const Tensor& input, const Tensor& target, Reduction reduction)
       : reduction_(reduction) {
@@ -124,6 +139,19 @@ struct KlDivBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& t = target_.get();
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor &x = input_.get(), &g = grads[0];
+      const Shape shape = broadcast_shapes(x.shape(), t.shape(), op());
+      const double scale = mean_scale(reduction_, static_cast<double>(shape_numel(shape)));
+      Tensor grad_x, grad_t;
+      if (needs_grad(0)) grad_x = expand(mul(mul(neg(t), g), scale), shape);
+      if (needs_grad(1)) {
+        const Tensor off = le(t, 0.0);
+        const Tensor slope = sub(add(log(masked_fill(t, off, 1.0)), 1.0), x);
+        grad_t = mul(masked_fill(mul(slope, g), off, 0.0), scale);
+      }
+      return {grad_x, grad_t};
+    }
     return dispatch_float(t.dtype(), op(), [&]<class T>() {
       Tensor grad_x, grad_t;
       if (needs_grad(0))
@@ -135,6 +163,7 @@ struct KlDivBackward final : Node {
       return std::vector<Tensor>{grad_x, grad_t};
     });
   }
+  bool differentiable_backward() const override { return true; }
   Reduction reduction_;
   SavedTensor input_, target_;
 };
@@ -236,13 +265,38 @@ RowShape row_shape(const Shape& shape) {
   return {shape[0], shape[1], shape.size() > 2 ? shape[2] : 1};
 }
 
-// l_r = -x[n, t_r, j] (0 when t_r is ignored):  dX[n, t_r, j] = -dL_r, 0 elsewhere
+// The scores' shape with the class dim 1 (Note [Class rows]): one element per row.
+Shape row_factor_shape(const Shape& scores) {
+  Shape s = scores;
+  s[s.size() == 1 ? 0 : 1] = 1;
+  return s;
+}
+
+// dOut (a loss per row for None, else one) as a factor on the scores' class rows.
+Tensor per_row(const Tensor& g, Reduction reduction, const Shape& scores) {
+  return reduction == Reduction::None ? reshape(g, row_factor_shape(scores)) : g;
+}
+
+// l_r = -x[n, t_r, j] (0 when t_r is ignored):  dX[n, t_r, j] = -dL_r, 0 elsewhere; under
+// create_graph the product of dOut and a constant that is -1 there (-1 / count for Mean).
 struct NllLossBackward final : Node {
   NllLossBackward(const Tensor& target, Reduction reduction, int64_t ignore_index, double count)
       : reduction_(reduction), ignore_index_(ignore_index), count_(count) {
     save(target_, target);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) {  // create_graph
+      Tensor picks = zeros(input_shapes[0], input_dtypes[0]);
+      const RowShape rs = row_shape(input_shapes[0]);
+      const int64_t* t = target_.get().data<int64_t>();
+      dispatch_float(picks.dtype(), op(), [&]<class T>() {
+        T* px = picks.data<T>();
+        const T pick = static_cast<T>(-mean_scale(reduction_, count_));
+        for (int64_t r = 0; r < rs.N * rs.D; ++r)
+          if (t[r] != ignore_index_) px[(r / rs.D * rs.C + t[r]) * rs.D + r % rs.D] = pick;
+      });
+      return {mul(picks, per_row(grads[0], reduction_, input_shapes[0]))};
+    }
     Tensor grad_x = zeros(input_shapes[0], input_dtypes[0]);
     const RowShape rs = row_shape(input_shapes[0]);
     const int64_t* t = target_.get().data<int64_t>();
@@ -254,6 +308,7 @@ struct NllLossBackward final : Node {
     });
     return {grad_x};
   }
+  bool differentiable_backward() const override { return true; }
   Reduction reduction_;
   int64_t ignore_index_;
   double count_;
@@ -302,7 +357,9 @@ inline double cross_entropy_row(const T* x, int64_t s, int64_t C, int64_t t, dou
 
 // l_r = (1 - eps) (-log p[r, t_r]) + eps / C Σ_c -log p[r, c],  p = softmax of row r:
 //   dX[r, c] = dL_r (p[r, c] - (1 - eps) [c = t_r] - eps / C),  0 for ignored rows
-// Saves the logits (an input) and per row (m, log_s), so p = exp((x - m) - log_s).
+// Saves the logits (an input) and per row (m, log_s), so p = exp((x - m) - log_s). Under
+// create_graph the same in ops: (softmax(x) - q) dL_r with q the smoothed one-hot targets and
+// the rows' factors (0 where ignored, 1 / count for Mean) constants.
 struct CrossEntropyBackward final : Node {
   CrossEntropyBackward(const ClassRows& g, const Tensor& stats, Reduction reduction,
                        int64_t ignore_index, double eps)
@@ -311,6 +368,7 @@ struct CrossEntropyBackward final : Node {
     rows_.scores = rows_.target = Tensor();  // held by the saved slots, version-checked
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
     const Tensor& x = logits_.get();
     const ClassRows& g = rows_;
     const int64_t C = g.C, D = g.D;
@@ -341,6 +399,26 @@ struct CrossEntropyBackward final : Node {
     });
     return {grad_x};
   }
+  std::vector<Tensor> apply_in_ops(const Tensor& dout) {
+    const Tensor& x = logits_.get();
+    const ClassRows& g = rows_;
+    const int64_t C = g.C, D = g.D;
+    Tensor q = empty(x.shape(), x.dtype()), scale = empty(row_factor_shape(x.shape()), x.dtype());
+    const int64_t* t = target_.get().data<int64_t>();
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
+      T *pq = q.data<T>(), *ps = scale.data<T>();
+      for (int64_t r = 0; r < g.rows(); ++r) {
+        const bool ignored = t[r] == ignore_index_;
+        ps[r] = ignored ? T(0) : static_cast<T>(mean_scale(reduction_, g.count));
+        T* row = pq + r / D * C * D + r % D;  // q is contiguous: class stride D
+        for (int64_t c = 0; c < C; ++c) row[c * D] = static_cast<T>(eps_ / C);
+        if (!ignored) row[t[r] * D] += static_cast<T>(1 - eps_);
+      }
+    });
+    const Tensor p = softmax(x, x.dim() == 1 ? 0 : 1);
+    return {mul(sub(p, q), mul(per_row(dout, reduction_, x.shape()), scale))};
+  }
+  bool differentiable_backward() const override { return true; }
   ClassRows rows_;  // the geometry; its tensors are in the saved slots
   Reduction reduction_;
   int64_t ignore_index_;

@@ -1,7 +1,8 @@
-// Losses: one table of cases (tests/op_table.h) drives, for every reduction, gradcheck on several
-// layouts, the PyTorch golden values and gradients and the edge cases (ignored targets, label
-// smoothing, broadcast, size-1 and 0-d inputs); then zero targets of kl_div, consistency between
-// the fused and composed forms, and every error message.
+// Losses: one table of cases (tests/op_table.h) drives, for every reduction, gradcheck and
+// gradgradcheck on several layouts, the backward in ops (create_graph) against the kernels', the
+// PyTorch golden values and gradients and the edge cases (ignored targets, label smoothing,
+// broadcast, size-1 and 0-d inputs); then zero targets of kl_div, consistency between the fused
+// and composed forms, and every error message.
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -239,6 +240,35 @@ const OpTable kLossOps = {
 };
 // clang-format on
 
+// The first derivatives under create_graph (the backward in ops) against the first-order
+// kernels', for every differentiable row on its layouts.
+void check_create_graph_gradients(const OpTable& table) {
+  for (const OpCase& c : table) {
+    if (!c.differentiable() || (c.flags & kNoGradcheck)) continue;
+    BOOST_TEST_CONTEXT(c.name) {
+      manual_seed(testing::detail::seed_of(c.name) + 5);
+      for (const auto layout : testing::detail::layouts(c)) {
+        const testing::detail::LaidOut row = testing::detail::lay_out(c, layout);
+        std::vector<Tensor> wrt;
+        for (const Tensor& t : row.leaves)
+          if (t.requires_grad()) wrt.push_back(t);
+        const Tensor up = randn(row.through_views(row.leaves).shape(), kFloat64);
+        const auto grads = [&](bool create_graph) {
+          return autograd::grad({row.through_views(row.leaves)}, wrt, {up}, std::nullopt,
+                                create_graph, true);
+        };
+        const std::vector<Tensor> first = grads(false), in_ops = grads(true);
+        for (size_t i = 0; i < wrt.size(); ++i) {
+          BOOST_TEST(in_ops[i].defined() == first[i].defined());
+          if (first[i].defined())
+            expect_close(in_ops[i], first[i], 1e-10, 1e-12,
+                         fmt::format("{}, input {}", testing::detail::layout_name(layout), i));
+        }
+      }
+    }
+  }
+}
+
 // Gradcheck of f for every reduction, then Float32 forward against Float64. Int64 inputs pass
 // through unchanged.
 void check_all_reductions(const std::string& what,
@@ -259,6 +289,8 @@ void check_all_reductions(const std::string& what,
 BOOST_AUTO_TEST_SUITE(test_loss)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLossOps); }
@@ -371,6 +403,40 @@ BOOST_AUTO_TEST_CASE(kl_div_zero_targets_gradcheck) {
   const Tensor z = kl_div(full({2}, -1e30, kFloat64), zeros({2}, kFloat64), Reduction::None);
   BOOST_TEST((z.to_vector<double>() == std::vector<double>{0.0, 0.0}));
   BOOST_TEST(std::isnan(kl_div(zeros({1}), full({1}, -0.5), Reduction::Sum).item<double>()));
+}
+
+// Double backward where finite differences cannot go: kl_div's zero targets (its target
+// gradient 0 there, the log never read at 0, so no NaN in the second derivative) and a mean over
+// no target (a zero gradient, as first order gives, not 0 · inf).
+BOOST_AUTO_TEST_CASE(double_backward_zero_targets_and_no_targets) {
+  manual_seed(7);
+  const Tensor x = leaf({3, 4});
+  Tensor t0 = softmax(randn({3, 4}, kFloat64), 1);
+  t0.narrow(1, 1, 1).fill_(0.0);
+  const Tensor t = t0.detach().requires_grad_();
+  for (const auto& [name, r] : kReductions) {
+    const Tensor loss = kl_div(x, t, r).sum();
+    const auto first = autograd::grad({loss}, {x, t}, {}, true);
+    const auto in_ops = autograd::grad({loss}, {x, t}, {}, std::nullopt, true);
+    expect_close(in_ops[0], first[0], 1e-12, 1e-14, "kl_div dx " + name);
+    expect_close(in_ops[1], first[1], 1e-12, 1e-14, "kl_div dt " + name);
+    const auto second = autograd::grad({(in_ops[1] * in_ops[1]).sum()}, {x, t});
+    for (const Tensor& g : second)
+      for (double e : g.to_vector<double>()) BOOST_TEST(std::isfinite(e), name);
+    // d(dt)/dt = dL / t where t > 0, 0 at t = 0; d(dt)/dx = -dL.
+    BOOST_TEST(second[1].narrow(1, 1, 1).abs().sum().item<double>() == 0.0);
+  }
+  const Tensor scores = leaf({2, 3});
+  for (const auto& f : std::vector<std::function<Tensor(const Tensor&)>>{
+           [](const Tensor& v) {
+             return nll_loss(v, targets({-100, -100}));
+           },
+           [](const Tensor& v) {
+             return cross_entropy(v, targets({-100, -100}), Mean, -100, 0.1);
+           }}) {
+    const Tensor dx = autograd::grad({f(scores)}, {scores}, {}, std::nullopt, true)[0];
+    BOOST_TEST((dx.to_vector<double>() == std::vector<double>(6, 0.0)));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(loss_frees_graph) {
