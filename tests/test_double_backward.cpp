@@ -225,12 +225,39 @@ BOOST_AUTO_TEST_CASE(pinn_residual_gradcheck) {
   check_gradgrad(residual, {w1, b1, w2, b2}, "Burgers residual, second order");
 }
 
+namespace {
+
+// A user's op whose backward is raw (computed without recording, as a kernel would): y = 3x,
+// dX = 3 dY. It keeps Node's differentiable_backward() false.
+struct TripleBackward final : Node {
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    NoGradGuard raw;
+    return {grads[0].detach() * 3.0};
+  }
+};
+
+Tensor triple(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = x * 3.0;
+  }
+  return record<TripleBackward>("triple", out, {x});
+}
+
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(raw_backward_refuses_a_second_one) {
   const Tensor x = tensor({0.5, -1.0}, kFloat64).requires_grad_();
-  const Tensor g = autograd::grad({gelu(x).sum()}, {x}, {}, std::nullopt, true)[0];
+  const Tensor g = autograd::grad({(triple(x) * x).sum()}, {x}, {}, std::nullopt, true)[0];
+  expect_close(g.detach(), x.detach() * 6.0, 1e-15, 0, "first derivative");
   BOOST_TEST(g.requires_grad());
   expect_error([&] { autograd::grad({g.sum()}, {x}); },
-               {"GeluBackward", "cannot be differentiated again"});
+               {"TripleBackward", "cannot be differentiated again"});
+  // Every op of the library is differentiable twice: no Node of theirs refuses.
+  BOOST_TEST(autograd::grad({autograd::grad({gelu(x).sum()}, {x}, {}, std::nullopt, true)[0].sum()},
+                            {x})[0]
+                 .defined());
 }
 
 BOOST_AUTO_TEST_CASE(div_of_mixed_dtypes) {
