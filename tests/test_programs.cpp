@@ -11,7 +11,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
+#include <random>
 
+#include <nlohmann/json.hpp>
+
+#include "examples/burgers.h"
 #include "helpers.h"
 
 using namespace ember;
@@ -227,6 +232,106 @@ BOOST_AUTO_TEST_CASE(bad_checkpoints_and_decodes) {
   cases.push_back({t, load + "--decode \"1 11\"", "outside the vocabulary"});
   cases.push_back({t, load + "--decode \"1 x\"", "not a token"});
   expect_failures(s, cases);
+}
+
+// examples/burgers.h: the Gauss–Hermite rule is exact for polynomials, and the exact solution
+// meets its initial and boundary values, agrees with a fine trapezoid rule of the Cole–Hopf
+// integral (across the shock too) and satisfies the PDE by finite differences.
+BOOST_AUTO_TEST_CASE(burgers_exact_solution) {
+  const burgers::Quadrature q = burgers::gauss_hermite(200);
+  const double pi = std::numbers::pi;
+  bool moment_ok = true;
+  for (int k = 0; k <= 10; k += 2) {  // ∫ e^{-z²} z^k dz = Γ((k + 1) / 2)
+    double sum = 0;
+    for (size_t i = 0; i < q.nodes.size(); ++i) sum += q.weights[i] * std::pow(q.nodes[i], k);
+    moment_ok &= std::abs(sum - std::tgamma((k + 1) / 2.0)) < 1e-12 * std::tgamma((k + 1) / 2.0);
+  }
+  BOOST_TEST(moment_ok);
+  const auto trapezoid = [&](double t, double x) {
+    const double width = std::sqrt(4 * burgers::kNu * t);
+    double top = -1e300;
+    for (int pass = 0; pass < 2; ++pass) {
+      double num = 0, den = 0;
+      for (int i = -400000; i <= 400000; ++i) {
+        const double z = i * 1e-4, y = x - width * z;
+        const double e = -std::cos(pi * y) / (2 * pi * burgers::kNu) - z * z;
+        if (pass == 0) top = std::max(top, e);
+        const double f = std::exp(e - top);
+        num += std::sin(pi * y) * f, den += f;
+      }
+      if (pass == 1) return -num / den;
+    }
+    return 0.0;
+  };
+  for (const auto& [t, x] : std::vector<std::pair<double, double>>{
+           {0.99, 0.003}, {0.5, 0.01}, {0.25, -0.3}, {0.99, -0.0157}, {0.05, 0.9}})
+    BOOST_TEST(std::abs(burgers::exact(t, x, q) - trapezoid(t, x)) < 1e-12, t << ", " << x);
+  BOOST_TEST(burgers::exact(0, 0.3, q) == -std::sin(0.3 * pi));
+  BOOST_TEST(std::abs(burgers::exact(0.7, 1.0, q)) < 1e-14);
+  BOOST_TEST(std::abs(burgers::exact(0.7, -1.0, q)) < 1e-14);
+  BOOST_TEST(std::abs(burgers::exact(1e-9, 0.5, q) + 1.0) < 1e-6);  // continuous at t = 0
+  // u_t + u u_x - nu u_xx = 0 at smooth points, by central differences (error ~h²).
+  const double h = 1e-4;
+  for (const auto& [t, x] : std::vector<std::pair<double, double>>{{0.3, 0.5}, {0.8, -0.6}}) {
+    const auto u = [&](double tt, double xx) { return burgers::exact(tt, xx, q); };
+    const double u_t = (u(t + h, x) - u(t - h, x)) / (2 * h);
+    const double u_x = (u(t, x + h) - u(t, x - h)) / (2 * h);
+    const double u_xx = (u(t, x + h) - 2 * u(t, x) + u(t, x - h)) / (h * h);
+    BOOST_TEST(std::abs(u_t + u(t, x) * u_x - burgers::kNu * u_xx) < 1e-5, t << ", " << x);
+  }
+  // A Latin hypercube puts one point in each of the n strata of every dimension.
+  std::mt19937_64 gen(7);
+  const auto points = burgers::latin_hypercube(50, {{-1.0, 1.0}, {0.0, 1.0}}, gen);
+  for (size_t d = 0; d < 2; ++d) {
+    std::vector<int> hits(50);
+    for (const auto& p : points) {
+      const double unit = d == 0 ? (p[0] + 1) / 2 : p[1];
+      ++hits[std::min(49, static_cast<int>(unit * 50))];
+    }
+    BOOST_TEST(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }), "dim " << d);
+  }
+}
+
+// examples/pinn: a short run writes its files with torch's parameter names and lowers the loss;
+// bad flags and a diverging run fail with one line.
+BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
+  Scratch s;
+  const std::string tiny =
+      "--layers 3 --width 8 --n-u 40 --n-f 300 --adam-iters 30 --lbfgs-iters 20 --threads 1";
+  const Run r = run(s, "pinn", tiny + " --out '" + s / "out" + "'");
+  BOOST_TEST_REQUIRE(r.status == 0, r.err);
+  BOOST_TEST(r.err.empty(), r.err);
+  const nlohmann::json m = nlohmann::json::parse(read_text(s / "out/metrics.json"));
+  const std::vector<double> adam = m["loss_history"]["adam"], lbfgs = m["loss_history"]["lbfgs"];
+  BOOST_TEST(adam.size() == 30u);
+  BOOST_TEST(m["lbfgs_iters"].get<int>() <= 20);
+  BOOST_TEST(m["lbfgs_iters"].get<int>() > 0);
+  BOOST_TEST(lbfgs.back() < adam.front());
+  BOOST_TEST(std::isfinite(m["rel_l2_error"].get<double>()));
+  BOOST_TEST(m["train_seconds"].get<double>() > 0);
+  const nn::SafetensorsFile file = nn::read_safetensors(s / "out/model.safetensors");
+  std::vector<std::string> names;
+  for (const auto& [name, t] : file.tensors) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  BOOST_TEST(
+      (names == std::vector<std::string>{"layers.0.bias", "layers.0.weight", "layers.1.bias",
+                                         "layers.1.weight", "layers.2.bias", "layers.2.weight"}));
+  for (const char* svg : {"solution.svg", "loss.svg"})
+    BOOST_TEST(read_text(s / "out/" + svg).find("<svg") != std::string::npos, svg);
+
+  const std::string out = " --out '" + s / "bad" + "'";
+  expect_failures(s, {{"pinn", "--layers 1" + out, "--layers"},
+                      {"pinn", "--width 0" + out, "--width"},
+                      {"pinn", "--n-u 457" + out, "--n-u"},
+                      {"pinn", "--n-f 0" + out, "--n-f"},
+                      {"pinn", "--adam-lr nan" + out, "--adam-lr"},
+                      {"pinn", "--lbfgs-iters -1" + out, "--lbfgs-iters"},
+                      {"pinn", "--threads 100000" + out, "--threads"}});
+  BOOST_TEST(!fs::exists(s / "bad"), "a refused run created its output directory");
+  const std::string saved = read_text(s / "out/model.safetensors");
+  expect_one_line_failure(run(s, "pinn", tiny + " --adam-lr 1e300 --out '" + s / "out" + "'"),
+                          "pinn", "diverged");
+  BOOST_TEST(read_text(s / "out/model.safetensors") == saved, "the good model changed");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
