@@ -120,10 +120,15 @@ class Node : public std::enable_shared_from_this<Node> {
   // backward]). A Node of raw kernels keeps the default.
   virtual bool differentiable_backward() const { return false; }
 
-  // Which inputs need a gradient (so a Node can skip work for the others).
+  // Which inputs need a gradient (so a Node can skip work for the others): those with an edge,
+  // less those the running backward does not reach its targets through (autograd::grad asks for
+  // some inputs only; torch's task_should_compute_output).
   bool needs_grad(size_t input) const {
-    return input < next_edges.size() && next_edges[input].fn != nullptr;
+    return input < next_edges.size() && next_edges[input].fn != nullptr &&
+           !(input < 64 && (unused_inputs >> input & 1));
   }
+  // Set by the engine around apply(): bit i marks input i's gradient as unused.
+  uint64_t unused_inputs = 0;
 
   // Engine bookkeeping.
   void check_saved() const;  // throws when freed or a saved tensor changed in place

@@ -280,6 +280,10 @@ void narrow_gemm_nv(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<cons
 template <class T>
 constexpr int64_t kNarrowColumns = 4 * Lanes<T>::kWidth;
 constexpr int64_t kNarrowWork = 1 << 14;  // m·n·k up to which a narrow product skips BLAS
+// A narrow product over at most this many terms skips BLAS whatever its rows: B (k rows of a few
+// vectors) stays in L1 and A streams through once, where BLAS packs both (a physics-informed
+// network's layers, 10100 x 20 by 20 x 20: 78 µs against OpenBLAS's 117 µs on one Zen 5 core).
+constexpr int64_t kNarrowDepth = 64;
 
 template <class T>
 void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
@@ -318,17 +322,30 @@ Loop product_loop(int64_t m, int64_t n, int64_t k) {
   const int64_t work = m * n * k;
   if (work <= kSmallGemmWork || (std::min(m, n) == 1 && work <= kSmallGemvWork)) return Loop::Small;
   if (n <= kNarrowColumns<T> && work <= kNarrowWork) return Loop::Narrow;
+  // Deep narrow products too, unless "medium" precision sends Float32 products to bfloat16.
+  const bool bfloat16 = std::is_same_v<T, float> && float32_matmul_uses_bfloat16();
+  if (n <= kNarrowColumns<T> && k <= kNarrowDepth && !bfloat16) return Loop::Narrow;
   return Loop::None;
 }
 
-// One product through the loop `loop` chose.
+// One product through the loop `loop` chose. A narrow product with many rows is cut into blocks
+// of rows, one per thread, as blas_gemm cuts its C (Note [Threads in products]).
 template <class T>
 void loop_product(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
                   StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
-  if (loop == Loop::Small)
-    small_gemm<T>(m, n, k, alpha, a, b, beta, c);
-  else
-    narrow_gemm<T>(m, n, k, alpha, a, b, beta, c);
+  if (loop == Loop::Small) return small_gemm<T>(m, n, k, alpha, a, b, beta, c);
+  const int threads = omp_in_parallel() ? 1 : get_num_threads();
+  if (threads == 1 || m * n * k < blas_parallel_work())
+    return narrow_gemm<T>(m, n, k, alpha, a, b, beta, c);
+  parallel_region(threads, [&](int64_t t, int64_t count) {
+    const auto edge = [&](int64_t i) {
+      return i == count ? m : std::min(m, m * i / count / 12 * 12);
+    };
+    const int64_t begin = edge(t), end = edge(t + 1);
+    if (begin < end)
+      narrow_gemm<T>(end - begin, n, k, alpha, {a.p + begin * a.rs, a.rs, a.cs}, b, beta,
+                     {c.p + begin * c.rs, c.rs, c.cs});
+  });
 }
 
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
