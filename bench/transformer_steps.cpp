@@ -68,7 +68,36 @@ std::function<void()> make_step(Config c, bool tiny) {
   return [t] { t->step(); };
 }
 
+// Step B's model and batch without the optimizer (dropout 0.1, train mode): the gradient of the
+// loss with respect to every parameter, or a Hessian-vector product of it (issue 34: at most 3x
+// the gradient's time): the gradient recorded (create_graph), then the gradient of g·v, as
+// autograd::functional::vhp computes it (H is symmetric, so this is H v).
+std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
+  if (tiny) c = {c.name, 11, 1, 16, 32, 2, 2, 5};
+  auto model = nn::make_model(c.V, c.V, c.N, c.d_model, c.d_ff, c.h, 0.1);
+  model->train();
+  auto criterion = std::make_shared<nn::LabelSmoothing>(c.V, 0, 0.1);
+  Tensor data = randint(1, c.V, {c.batch, c.length});
+  data.narrow(1, 0, 1).fill_(1);
+  auto batch = std::make_shared<nn::Batch>(data.clone(), data.clone(), 0);
+  const std::vector<Tensor> params = model->parameters();
+  std::vector<Tensor> v;
+  for (const Tensor& p : params) v.push_back(randn(p.shape()));
+  return [=] {
+    copy_task::SimpleLossCompute loss_compute(*model->generator, *criterion);
+    const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
+    const Tensor loss = loss_compute(out, batch->tgt_y, batch->ntokens).loss;
+    const std::vector<Tensor> g = autograd::grad({loss}, params, {}, std::nullopt, hvp);
+    if (hvp) autograd::grad(g, params, v);
+  };
+}
+
 void add_transformer_workloads() {
+  const Config b{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10};
+  registry().push_back({"second-order/B gradient", step_flops(b),
+                        [b](bool tiny) { return make_second_order(b, tiny, false); }});
+  registry().push_back({"second-order/B hvp", step_flops(b),
+                        [b](bool tiny) { return make_second_order(b, tiny, true); }});
   for (const Config& c :
        {Config{"transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10},
         Config{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10},

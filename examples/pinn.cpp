@@ -24,8 +24,9 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 struct Config {
-  int64_t layers = 9, width = 20, n_u = 100, n_f = 10000, adam_iters = 1000, lbfgs_iters = 3000;
+  int64_t layers = 9, width = 20, n_u = 100, n_f = 10000, adam_iters = 1000, lbfgs_iters = 5000;
   double adam_lr = 1e-3;
+  DType dtype = kFloat32;
   uint64_t seed = 1234;
   int threads = 0;
 };
@@ -47,7 +48,7 @@ struct Net : nn::Cloneable<Net> {
   }
   // xt: (n, 2), columns x in [-1, 1] and t in [0, 1].
   Tensor forward(const Tensor& xt) const {
-    Tensor h = xt * tensor({1.0, 2.0}) - tensor({0.0, 1.0});  // to [-1, 1]²
+    Tensor h = xt * tensor({1.0, 2.0}, xt.dtype()) - tensor({0.0, 1.0}, xt.dtype());  // to [-1, 1]²
     for (size_t i = 0; i < list->size(); ++i) {
       h = list->at<nn::Linear>(i)->forward(h);
       if (i + 1 < list->size()) h = tanh(h);
@@ -89,8 +90,9 @@ Data make_data(const Config& c, std::mt19937_64& gen) {
   for (const auto& p : burgers::latin_hypercube(c.n_f, {{-1.0, 1.0}, {0.0, 1.0}}, gen))
     x_f.push_back(p[0]), t_f.push_back(p[1]);
   const int64_t n_f = static_cast<int64_t>(x_f.size());
-  return {from_vector(xt_u, {c.n_u, 2}), from_vector(u, {c.n_u, 1}),
-          from_vector(x_f, {n_f, 1}).requires_grad_(), from_vector(t_f, {n_f, 1}).requires_grad_()};
+  return {from_vector(xt_u, {c.n_u, 2}, c.dtype), from_vector(u, {c.n_u, 1}, c.dtype),
+          from_vector(x_f, {n_f, 1}, c.dtype).requires_grad_(),
+          from_vector(t_f, {n_f, 1}, c.dtype).requires_grad_()};
 }
 
 // The PDE's residual f = u_t + u u_x - nu u_xx at the collocation points, recorded (create_graph)
@@ -115,7 +117,7 @@ struct Evaluation {
   double rel_l2_error;
 };
 
-Evaluation evaluate(const Net& net) {
+Evaluation evaluate(const Net& net, DType dtype) {
   NoGradGuard no_grad;
   const burgers::Quadrature q = burgers::gauss_hermite(200);
   std::vector<double> points, exact;
@@ -124,8 +126,9 @@ Evaluation evaluate(const Net& net) {
       points.insert(points.end(), {grid_x(i), grid_t(j)});
       exact.push_back(burgers::exact(grid_t(j), grid_x(i), q));
     }
-  Evaluation e{net.forward(from_vector(points, {kGridX * kGridT, 2})).reshape({kGridX, kGridT}),
-               from_vector(exact, {kGridX, kGridT}, kFloat64), 0.0};
+  Evaluation e{
+      net.forward(from_vector(points, {kGridX * kGridT, 2}, dtype)).reshape({kGridX, kGridT}),
+      from_vector(exact, {kGridX, kGridT}, kFloat64), 0.0};
   const Tensor diff = e.predicted.to(kFloat64) - e.exact;
   e.rel_l2_error =
       std::sqrt((diff * diff).sum().item<double>() / (e.exact * e.exact).sum().item<double>());
@@ -165,6 +168,9 @@ int main(int argc, char** argv) {
   app.add_option("--adam-lr", c.adam_lr, "Adam learning rate")->check(program::positive());
   app.add_option("--lbfgs-iters", c.lbfgs_iters, "then L-BFGS iterations (strong Wolfe)")
       ->check(program::count(0));
+  std::string dtype = "float32";
+  app.add_option("--dtype", dtype, "float32 (as the paper's) or float64")
+      ->check(CLI::IsMember({"float32", "float64"}));
   app.add_option("--seed", c.seed, "random seed (data and initial weights)");
   program::add_threads_option(app, c.threads);
   app.add_option("--out", out, "output directory");
@@ -172,10 +178,12 @@ int main(int argc, char** argv) {
     program::prepare_out_dir(out,
                              {"metrics.json", "model.safetensors", "solution.svg", "loss.svg"});
     set_num_threads(c.threads);
+    c.dtype = dtype == "float64" ? kFloat64 : kFloat32;
     manual_seed(c.seed);
     std::mt19937_64 gen(c.seed);
     const Data data = make_data(c, gen);
     Net net(c.layers, c.width);
+    net.to(c.dtype);
     const std::vector<Tensor> params = net.parameters();
     int64_t n_params = 0;
     for (const Tensor& p : params) n_params += p.numel();
@@ -227,7 +235,7 @@ int main(int argc, char** argv) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    const Evaluation e = evaluate(net);
+    const Evaluation e = evaluate(net, c.dtype);
     nn::save(net, out + "/model.safetensors");
     draw_solution(e, out + "/solution.svg");
     std::vector<double> adam_at, lbfgs_at, adam_log, lbfgs_log;

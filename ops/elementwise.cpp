@@ -388,53 +388,55 @@ Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D 
                                      saves == Saves::Output, derivative, ops_derivative);
 }
 
-// The derivative of a math function as one op (torch's tanh_backward, sigmoid_backward):
-// z = g d(s), with g the incoming gradient and s the saved input or output. Under create_graph a
-// function's backward is this one fused kernel instead of the three or four ops of its formula,
-// and its own backward is dG = dZ d(s) (this op again) and dS = dZ g d'(s), in one fused kernel
-// or, recorded, in ops (ops_d2 gives d'(s)).
-template <class D, class D2, class O2>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, D d, D2 d2, O2 ops_d2);
+// The derivative of a math function as one op (torch's tanh_backward, sigmoid_backward,
+// threshold_backward): z = k(g, s) = g d(s), with g the incoming gradient and s the saved input
+// or output. Under create_graph a function's backward is this one fused kernel instead of the
+// two to four ops of its formula, and its own backward is dG = k(dZ, s) (this op again) and
+// dS = dZ g d'(s), fused or, recorded, in ops (ops_d2 gives d'(s)); d2 = nullptr when d is
+// piecewise constant (relu), so that s gets no gradient.
+template <class K, class D2, class O2>
+Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2);
 
-template <class D, class D2, class O2>
+template <class K, class D2, class O2>
 struct DerivativeBackward final : Node {
-  DerivativeBackward(const Tensor& g, const Tensor& s, D d, D2 d2, O2 ops_d2)
-      : d_(d), d2_(d2), ops_d2_(ops_d2) {
-    if (s.requires_grad()) save(g_, g);
+  static constexpr bool kConstant = std::is_same_v<D2, std::nullptr_t>;
+  DerivativeBackward(const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2)
+      : k_(k), d2_(d2), ops_d2_(ops_d2) {
+    if (!kConstant && s.requires_grad()) save(g_, g);
     save(s_, s);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& dz = grads[0];
     const Tensor s = s_.get();
     Tensor grad_g, grad_s;
-    if (needs_grad(0)) grad_g = derivative_op(op(), dz, s, d_, d2_, ops_d2_);
-    if (needs_grad(1) && is_grad_enabled()) {
-      grad_s = mul(mul(dz, g_.get()), ops_d2_(s));
-    } else if (needs_grad(1)) {
-      const Tensor g = as_type(g_.get(), dz.dtype()), v = as_type(s, dz.dtype());
-      dispatch_float(dz.dtype(), op(), [&]<class T>() {
-        grad_s = empty(dz.shape(), dz.dtype());
-        ternary_into<T, T, T, T>(dz, g, v, grad_s,
-                                 [d2 = d2_](T a, T b, T c) { return a * b * d2(c); });
-      });
+    if (needs_grad(0)) grad_g = derivative_op(op(), dz, s, k_, d2_, ops_d2_);
+    if constexpr (!kConstant) {
+      if (needs_grad(1) && is_grad_enabled()) {
+        grad_s = mul(mul(dz, g_.get()), ops_d2_(s));
+      } else if (needs_grad(1)) {
+        const Tensor g = as_type(g_.get(), dz.dtype()), v = as_type(s, dz.dtype());
+        dispatch_float(dz.dtype(), op(), [&]<class T>() {
+          grad_s = empty(dz.shape(), dz.dtype());
+          ternary_into<T, T, T, T>(dz, g, v, grad_s,
+                                   [d2 = d2_](T a, T b, T c) { return a * b * d2(c); });
+        });
+      }
     }
     return {grad_g, grad_s};
   }
   bool differentiable_backward() const override { return true; }
-  D d_;
+  K k_;
   D2 d2_;
   O2 ops_d2_;
   SavedTensor g_, s_;
 };
 
-template <class D, class D2, class O2>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, D d, D2 d2, O2 ops_d2) {
+template <class K, class D2, class O2>
+Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2) {
   profile::Scope scope(op);
   const Tensor v = as_type(s, g.dtype());
-  Tensor out = dispatch_float(g.dtype(), op, [&]<class T>() {
-    return zip<T, T, T>(g, v, op, [d](T a, T b) { return a * d(b); });
-  });
-  return record<DerivativeBackward<D, D2, O2>>(op, out, {g, s}, g, s, d, d2, ops_d2);
+  Tensor out = dispatch_float(g.dtype(), op, [&]<class T>() { return zip<T, T, T>(g, v, op, k); });
+  return record<DerivativeBackward<K, D2, O2>>(op, out, {g, s}, g, s, k, d2, ops_d2);
 }
 
 }  // namespace
@@ -509,8 +511,8 @@ Tensor tanh(const Tensor& x) {
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); },
       [](const Tensor& g, const Tensor& y) {  // d(y) = 1 - y², d'(y) = -2y
         return derivative_op(
-            "tanh_backward", g, y, [](auto v) { return 1 - v * v; }, [](auto v) { return -2 * v; },
-            [](const Tensor& v) { return mul(v, -2.0); });
+            "tanh_backward", g, y, [](auto a, auto v) { return a * (1 - v * v); },
+            [](auto v) { return -2 * v; }, [](const Tensor& v) { return mul(v, -2.0); });
       });
 }
 
@@ -521,7 +523,7 @@ Tensor sigmoid(const Tensor& x) {
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y * (1 - y); },
       [](const Tensor& g, const Tensor& y) {  // d(y) = y (1 - y), d'(y) = 1 - 2y
         return derivative_op(
-            "sigmoid_backward", g, y, [](auto v) { return v * (1 - v); },
+            "sigmoid_backward", g, y, [](auto a, auto v) { return a * v * (1 - v); },
             [](auto v) { return 1 - 2 * v; },
             [](const Tensor& v) { return rsub(mul(v, 2.0), 1.0); });
       });
@@ -603,7 +605,11 @@ Tensor relu(const Tensor& x) {
   return unary_math<Integral::Keep>(
       x, "relu", Saves::Output, [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
       [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); },
-      [](const Tensor& g, const Tensor& s) { return masked_fill(g, le(s, 0.0), 0.0); });
+      [](const Tensor& g, const Tensor& y) {  // torch's threshold_backward: y gets no gradient
+        return derivative_op(
+            "threshold_backward", g, y,
+            [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, nullptr, nullptr);
+      });
 }
 
 // y = |x|:  dX = dY sign(x)
