@@ -271,25 +271,29 @@ def transformer_flops(V, N, D, F, h, B, L):
     return 3 * 2 * B * (N * (enc + dec) + T * D * V)
 
 
-def transformer_step(name, V, N, d_model, d_ff, h, batch, length):
-    @workload(name, transformer_flops(V, N, d_model, d_ff, h, batch, length))
+def transformer_setup(tiny, V, N, d_model, d_ff, h, batch, length):
+    """The model (train mode, dropout 0.1), loss and one fixed batch of a transformer workload;
+    the tiny config for --smoke."""
+    from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, make_model
+    if tiny:
+        V, N, d_model, d_ff, h, batch, length = 11, 1, 16, 32, 2, 2, 5
+    model = make_model(V, V, N=N, d_model=d_model, d_ff=d_ff, h=h, dropout=0.1)
+    model.train()
+    criterion = LabelSmoothing(size=V, padding_idx=0, smoothing=0.1)
+    loss_compute = SimpleLossCompute(model.generator, criterion)
+    data = torch.randint(1, V, size=(batch, length))
+    data[:, 0] = 1
+    return model, loss_compute, Batch(data.clone(), data.clone(), 0), d_model
+
+
+def transformer_step(name, *config):
+    @workload(name, transformer_flops(*config))
     def _(tiny):
-        from annotated_transformer import (Batch, LabelSmoothing, SimpleLossCompute, make_model,
-                                           rate)
-        if tiny:
-            V_, N_, d, f, h_, b, n = 11, 1, 16, 32, 2, 2, 5
-        else:
-            V_, N_, d, f, h_, b, n = V, N, d_model, d_ff, h, batch, length
-        model = make_model(V_, V_, N=N_, d_model=d, d_ff=f, h=h_, dropout=0.1)
-        model.train()
-        criterion = LabelSmoothing(size=V_, padding_idx=0, smoothing=0.1)
+        from annotated_transformer import rate
+        model, loss_compute, batch_, d = transformer_setup(tiny, *config)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda=lambda step: rate(step, d, factor=1.0, warmup=400))
-        loss_compute = SimpleLossCompute(model.generator, criterion)
-        data = torch.randint(1, V_, size=(b, n))
-        data[:, 0] = 1
-        batch_ = Batch(data.clone(), data.clone(), 0)
 
         def step():
             out = model.forward(batch_.src, batch_.tgt, batch_.src_mask, batch_.tgt_mask)
@@ -303,6 +307,29 @@ def transformer_step(name, V, N, d_model, d_ff, h, batch, length):
 
 for _t in TRANSFORMERS:
     transformer_step(*_t)
+
+
+def second_order(name, hvp, *config):
+    """Step B's model and batch without the optimizer: the loss's gradient with respect to every
+    parameter, or a Hessian-vector product (the gradient with create_graph, then the gradient of
+    g.v), as ember_bench's second-order/ rows."""
+    @workload(name, transformer_flops(*config))
+    def _(tiny):
+        model, loss_compute, batch_, _ = transformer_setup(tiny, *config)
+        params = list(model.parameters())
+        v = [torch.randn_like(p) for p in params]
+
+        def step():
+            out = model.forward(batch_.src, batch_.tgt, batch_.src_mask, batch_.tgt_mask)
+            _, loss = loss_compute(out, batch_.tgt_y, batch_.ntokens)
+            g = torch.autograd.grad(loss, params, create_graph=hvp)
+            if hvp:
+                torch.autograd.grad(g, params, v)
+        return step
+
+
+for _hvp, _suffix in ((False, "gradient"), (True, "hvp")):
+    second_order("second-order/B " + _suffix, _hvp, *TRANSFORMERS[1][1:])
 
 
 # --- harness
