@@ -290,25 +290,30 @@ void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T
                  StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
   constexpr int64_t W = Lanes<T>::kWidth;
   const int64_t nv = (n + W - 1) / W, np = nv * W;
-  const T* bp = b.p;
-  int64_t ldb = b.rs;
-  if (b.cs != 1 || n != np) {
-    thread_local std::vector<T> packed;
-    packed.assign(static_cast<size_t>(k * np), T(0));
-    for (int64_t l = 0; l < k; ++l)
-      for (int64_t j = 0; j < n; ++j) packed[l * np + j] = b.p[l * b.rs + j * b.cs];
-    bp = packed.data();
-    ldb = np;
-  }
-  switch (nv) {
-    case 1:
-      return narrow_gemm_nv<T, 1>(m, n, k, alpha, a, bp, ldb, beta, c);
-    case 2:
-      return narrow_gemm_nv<T, 2>(m, n, k, alpha, a, bp, ldb, beta, c);
-    case 3:
-      return narrow_gemm_nv<T, 3>(m, n, k, alpha, a, bp, ldb, beta, c);
-    default:
-      return narrow_gemm_nv<T, 4>(m, n, k, alpha, a, bp, ldb, beta, c);
+  const auto run = [&](int64_t kc, StridedMatrix<const T> ak, const T* bp, int64_t ldb, T bk) {
+    switch (nv) {
+      case 1:
+        return narrow_gemm_nv<T, 1>(m, n, kc, alpha, ak, bp, ldb, bk, c);
+      case 2:
+        return narrow_gemm_nv<T, 2>(m, n, kc, alpha, ak, bp, ldb, bk, c);
+      case 3:
+        return narrow_gemm_nv<T, 3>(m, n, kc, alpha, ak, bp, ldb, bk, c);
+      default:
+        return narrow_gemm_nv<T, 4>(m, n, kc, alpha, ak, bp, ldb, bk, c);
+    }
+  };
+  if (b.cs == 1 && n == np) return run(k, a, b.p, b.rs, beta);
+  // B's rows copied into whole vectors, zero-padded, a slice of kPackDepth rows at a time so
+  // that the copy stays in L1 (a deep product, k in the thousands, then sums slice by slice).
+  constexpr int64_t kPackDepth = 256;
+  thread_local std::vector<T> packed;
+  packed.assign(static_cast<size_t>(std::min(k, kPackDepth) * np), T(0));
+  for (int64_t l0 = 0; l0 < k || l0 == 0; l0 += kPackDepth) {
+    const int64_t kc = std::min(kPackDepth, k - l0);
+    for (int64_t l = 0; l < kc; ++l)
+      for (int64_t j = 0; j < n; ++j) packed[l * np + j] = b.p[(l0 + l) * b.rs + j * b.cs];
+    run(kc, {a.p + l0 * a.cs, a.rs, a.cs}, packed.data(), np, l0 == 0 ? beta : T(1));
+    if (k == 0) break;
   }
 }
 
@@ -325,6 +330,9 @@ Loop product_loop(int64_t m, int64_t n, int64_t k) {
   // Deep narrow products too, unless "medium" precision sends Float32 products to bfloat16.
   const bool bfloat16 = std::is_same_v<T, float> && float32_matmul_uses_bfloat16();
   if (n <= kNarrowColumns<T> && k <= kNarrowDepth && !bfloat16) return Loop::Narrow;
+  // And narrow products with few rows whatever their depth: each block of rows streams A and B
+  // once (a PINN layer's weight gradient, 20 x 10100 by 10100 x 20).
+  if (n <= kNarrowColumns<T> && m <= kNarrowColumns<T> && !bfloat16) return Loop::Narrow;
   return Loop::None;
 }
 
@@ -337,6 +345,25 @@ void loop_product(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMa
   const int threads = omp_in_parallel() ? 1 : get_num_threads();
   if (threads == 1 || m * n * k < blas_parallel_work())
     return narrow_gemm<T>(m, n, k, alpha, a, b, beta, c);
+  if (m < 12 * threads) {  // few rows (a deep product): each thread sums a share of k
+    std::vector<std::vector<T>> partial(threads - 1, std::vector<T>(m * n));
+    int64_t used = 1;
+    parallel_region(threads, [&](int64_t t, int64_t count) {
+      const int64_t begin = k * t / count, end = k * (t + 1) / count;
+      const StridedMatrix<const T> at{a.p + begin * a.cs, a.rs, a.cs};
+      const StridedMatrix<const T> bt{b.p + begin * b.rs, b.rs, b.cs};
+      if (t == 0) {
+        used = count;
+        narrow_gemm<T>(m, n, end - begin, alpha, at, bt, beta, c);
+      } else {
+        narrow_gemm<T>(m, n, end - begin, alpha, at, bt, T(0), {partial[t - 1].data(), n, 1});
+      }
+    });
+    for (int64_t t = 1; t < used; ++t)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c.p[i * c.rs + j * c.cs] += partial[t - 1][i * n + j];
+    return;
+  }
   parallel_region(threads, [&](int64_t t, int64_t count) {
     const auto edge = [&](int64_t i) {
       return i == count ? m : std::min(m, m * i / count / 12 * 12);
