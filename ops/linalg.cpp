@@ -235,6 +235,9 @@ void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T>
 // place when its rows are contiguous and n fills the vectors (a head's V or K, 16 features),
 // else copied once into such rows, zero-padded, any layout read through its strides; blocks of
 // 12 / NV rows of C are summed in registers, A's elements broadcast: no edges, no packing of A.
+// The same loop wins over BLAS on two bigger kinds (product_loop): any number of rows over a
+// short sum (k <= 64: B stays in L1, A streams through once), and few rows and columns over a
+// long one, B copied a slice at a time. Physics-informed networks are made of both.
 template <class T, int NV>
 void narrow_gemm_nv(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a, const T* bp,
                     int64_t ldb, T beta, StridedMatrix<T> c) {
@@ -284,6 +287,7 @@ constexpr int64_t kNarrowWork = 1 << 14;  // m·n·k up to which a narrow produc
 // vectors) stays in L1 and A streams through once, where BLAS packs both (a physics-informed
 // network's layers, 10100 x 20 by 20 x 20: 78 µs against OpenBLAS's 117 µs on one Zen 5 core).
 constexpr int64_t kNarrowDepth = 64;
+constexpr int64_t kDeepNarrow = 32;  // rows and columns up to which any depth skips BLAS
 
 template <class T>
 void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
@@ -330,9 +334,10 @@ Loop product_loop(int64_t m, int64_t n, int64_t k) {
   // Deep narrow products too, unless "medium" precision sends Float32 products to bfloat16.
   const bool bfloat16 = std::is_same_v<T, float> && float32_matmul_uses_bfloat16();
   if (n <= kNarrowColumns<T> && k <= kNarrowDepth && !bfloat16) return Loop::Narrow;
-  // And narrow products with few rows whatever their depth: each block of rows streams A and B
-  // once (a PINN layer's weight gradient, 20 x 10100 by 10100 x 20).
-  if (n <= kNarrowColumns<T> && m <= kNarrowColumns<T> && !bfloat16) return Loop::Narrow;
+  // And products with at most 32 rows and columns whatever their depth: each block of rows
+  // streams A and B once (a PINN layer's weight gradient, 20 x 10100 by 10100 x 20). From 64 x 64
+  // on (a d_model 64 layer's) BLAS's tiles use the registers better.
+  if (n <= kDeepNarrow && m <= kDeepNarrow && !bfloat16) return Loop::Narrow;
   return Loop::None;
 }
 
