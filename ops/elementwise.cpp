@@ -388,55 +388,81 @@ Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D 
                                      saves == Saves::Output, derivative, ops_derivative);
 }
 
+// z = a b (alpha c + beta), broadcasting, in a's dtype: the second derivatives of tanh and
+// sigmoid (affine in their output) times two gradients, in one kernel. Its backward is the same
+// op: dA = op(dZ, b, c), dB = op(dZ, a, c), dC = dZ a b alpha = op(dZ, a, b) with (alpha, 0).
+struct Affine {
+  double alpha, beta;
+};
+
+Tensor affine_product(const Tensor& a, const Tensor& b, const Tensor& c, Affine f);
+
+struct AffineProductBackward final : Node {
+  AffineProductBackward(const Tensor& a, const Tensor& b, const Tensor& c, Affine f) : f_(f) {
+    save(a_, a), save(b_, b), save(c_, c);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& dz = grads[0];
+    const Tensor a = a_.get(), b = b_.get(), c = c_.get();
+    return {needs_grad(0) ? affine_product(dz, b, c, f_) : Tensor(),
+            needs_grad(1) ? affine_product(dz, a, c, f_) : Tensor(),
+            needs_grad(2) && f_.alpha != 0 ? affine_product(dz, a, b, {f_.alpha, 0}) : Tensor()};
+  }
+  bool differentiable_backward() const override { return true; }
+  Affine f_;
+  SavedTensor a_, b_, c_;
+};
+
+Tensor affine_product(const Tensor& a, const Tensor& b, const Tensor& c, Affine f) {
+  constexpr std::string_view op = "affine_product";
+  profile::Scope scope(op);
+  const Shape shape = broadcast_shapes(broadcast_shapes(a.shape(), b.shape(), op), c.shape(), op);
+  const Tensor y = as_type(b, a.dtype()), z = as_type(c, a.dtype());
+  Tensor out = empty(shape, a.dtype());
+  dispatch_float(a.dtype(), op, [&]<class T>() {
+    const T alpha = static_cast<T>(f.alpha), beta = static_cast<T>(f.beta);
+    ternary_into<T, T, T, T>(a, y, z, out,
+                             [=](T u, T v, T w) { return u * v * (alpha * w + beta); });
+  });
+  return record<AffineProductBackward>(op, out, {a, b, c}, a, b, c, f);
+}
+
 // The derivative of a math function as one op (torch's tanh_backward, sigmoid_backward,
 // threshold_backward): z = k(g, s) = g d(s), with g the incoming gradient and s the saved input
 // or output. Under create_graph a function's backward is this one fused kernel instead of the
 // two to four ops of its formula, and its own backward is dG = k(dZ, s) (this op again) and
-// dS = dZ g d'(s), fused or, recorded, in ops (ops_d2 gives d'(s)); d2 = nullptr when d is
-// piecewise constant (relu), so that s gets no gradient.
-template <class K, class D2, class O2>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2);
+// dS = dZ g d'(s), d' affine (tanh: -2s, sigmoid: 1 - 2s; affine_product), or none where d is
+// piecewise constant (relu): s then gets no gradient.
+template <class K>
+Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k,
+                     std::optional<Affine> d2);
 
-template <class K, class D2, class O2>
+template <class K>
 struct DerivativeBackward final : Node {
-  static constexpr bool kConstant = std::is_same_v<D2, std::nullptr_t>;
-  DerivativeBackward(const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2)
-      : k_(k), d2_(d2), ops_d2_(ops_d2) {
-    if (!kConstant && s.requires_grad()) save(g_, g);
+  DerivativeBackward(const Tensor& g, const Tensor& s, K k, std::optional<Affine> d2)
+      : k_(k), d2_(d2) {
+    if (d2 && s.requires_grad()) save(g_, g);
     save(s_, s);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& dz = grads[0];
     const Tensor s = s_.get();
-    Tensor grad_g, grad_s;
-    if (needs_grad(0)) grad_g = derivative_op(op(), dz, s, k_, d2_, ops_d2_);
-    if constexpr (!kConstant) {
-      if (needs_grad(1) && is_grad_enabled()) {
-        grad_s = mul(mul(dz, g_.get()), ops_d2_(s));
-      } else if (needs_grad(1)) {
-        const Tensor g = as_type(g_.get(), dz.dtype()), v = as_type(s, dz.dtype());
-        dispatch_float(dz.dtype(), op(), [&]<class T>() {
-          grad_s = empty(dz.shape(), dz.dtype());
-          ternary_into<T, T, T, T>(dz, g, v, grad_s,
-                                   [d2 = d2_](T a, T b, T c) { return a * b * d2(c); });
-        });
-      }
-    }
-    return {grad_g, grad_s};
+    return {needs_grad(0) ? derivative_op(op(), dz, s, k_, d2_) : Tensor(),
+            d2_ && needs_grad(1) ? affine_product(dz, g_.get(), s, *d2_) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
   K k_;
-  D2 d2_;
-  O2 ops_d2_;
+  std::optional<Affine> d2_;
   SavedTensor g_, s_;
 };
 
-template <class K, class D2, class O2>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k, D2 d2, O2 ops_d2) {
+template <class K>
+Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k,
+                     std::optional<Affine> d2) {
   profile::Scope scope(op);
   const Tensor v = as_type(s, g.dtype());
   Tensor out = dispatch_float(g.dtype(), op, [&]<class T>() { return zip<T, T, T>(g, v, op, k); });
-  return record<DerivativeBackward<K, D2, O2>>(op, out, {g, s}, g, s, k, d2, ops_d2);
+  return record<DerivativeBackward<K>>(op, out, {g, s}, g, s, k, d2);
 }
 
 }  // namespace
@@ -511,8 +537,7 @@ Tensor tanh(const Tensor& x) {
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); },
       [](const Tensor& g, const Tensor& y) {  // d(y) = 1 - y², d'(y) = -2y
         return derivative_op(
-            "tanh_backward", g, y, [](auto a, auto v) { return a * (1 - v * v); },
-            [](auto v) { return -2 * v; }, [](const Tensor& v) { return mul(v, -2.0); });
+            "tanh_backward", g, y, [](auto a, auto v) { return a * (1 - v * v); }, Affine{-2, 0});
       });
 }
 
@@ -524,8 +549,7 @@ Tensor sigmoid(const Tensor& x) {
       [](const Tensor& g, const Tensor& y) {  // d(y) = y (1 - y), d'(y) = 1 - 2y
         return derivative_op(
             "sigmoid_backward", g, y, [](auto a, auto v) { return a * v * (1 - v); },
-            [](auto v) { return 1 - 2 * v; },
-            [](const Tensor& v) { return rsub(mul(v, 2.0), 1.0); });
+            Affine{-2, 1});
       });
 }
 
@@ -608,7 +632,7 @@ Tensor relu(const Tensor& x) {
       [](const Tensor& g, const Tensor& y) {  // torch's threshold_backward: y gets no gradient
         return derivative_op(
             "threshold_backward", g, y,
-            [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, nullptr, nullptr);
+            [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, std::nullopt);
       });
 }
 

@@ -260,6 +260,37 @@ BOOST_AUTO_TEST_CASE(raw_backward_refuses_a_second_one) {
                  .defined());
 }
 
+// tanh and sigmoid differentiate under create_graph through one fused op (tanh_backward,
+// sigmoid_backward) whose own backward is a fused op too (affine_product): their third and
+// fourth derivatives, by value and by gradgradcheck of the second derivative.
+BOOST_AUTO_TEST_CASE(fused_derivatives_to_fourth_order) {
+  const Tensor x = tensor({-1.3, -0.2, 0.4, 2.1}, kFloat64).requires_grad_();
+  const auto nth = [&](const Tensor& y, int n) {
+    Tensor d = y;
+    for (int i = 0; i < n; ++i) d = autograd::grad({d.sum()}, {x}, {}, std::nullopt, true)[0];
+    return d.detach();
+  };
+  const Tensor t = tanh(x.detach()), s = sigmoid(x.detach());
+  const Tensor u = 1.0 - t * t, w = s * (1.0 - s);
+  // tanh: d3 = -2u(1 - 3t²), d4 = 8tu(2 - 3t²) with u = 1 - t²; sigmoid: d3 = w(1 - 6w)
+  expect_close(nth(tanh(x), 3), u * (1.0 - t * t * 3.0) * -2.0, 1e-12, 1e-13, "tanh d3");
+  expect_close(nth(tanh(x), 4), t * u * (2.0 - t * t * 3.0) * 8.0, 1e-12, 1e-13, "tanh d4");
+  expect_close(nth(sigmoid(x), 3), w * (1.0 - w * 6.0), 1e-12, 1e-13, "sigmoid d3");
+  using Unary = std::function<Tensor(const Tensor&)>;
+  for (const Unary& f : {Unary([](const Tensor& v) { return tanh(v); }),
+                         Unary([](const Tensor& v) { return sigmoid(v); })}) {
+    const Fn second = [&](const std::vector<Tensor>& in) {
+      GradModeScope grad_mode(true);
+      const Tensor d =
+          autograd::grad({(f(in[0]) * in[1]).sum()}, {in[0]}, {}, std::nullopt, true)[0];
+      return autograd::grad({(d * d).sum()}, {in[0]}, {}, std::nullopt, true)[0];
+    };
+    check_gradgrad(second, {leaf({3, 2}), leaf({3, 2})}, "second derivative, twice more");
+  }
+  // relu's derivative is piecewise constant: its second derivative is zero, not undefined.
+  BOOST_TEST(nth(relu(x) * x, 2).abs().sum().item<double>() == 4.0);
+}
+
 BOOST_AUTO_TEST_CASE(div_of_mixed_dtypes) {
   const Tensor a = tensor({1.0, 2.0}).requires_grad_();
   const Tensor b = tensor({4.0, 8.0}, kFloat64).requires_grad_();
