@@ -162,15 +162,16 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, const std::vector<Te
       if (any_grad) {
         profile::Scope scope(profile::is_enabled() ? node->name() : std::string_view());
         struct Unused {  // the gradients no captured input is reached through, for apply()
-          Node* node;
-          ~Unused() { node->unused_inputs = 0; }
-        } unused{node};
+          uint64_t outer = detail::t_unused_inputs;
+          ~Unused() { detail::t_unused_inputs = outer; }
+        } unused;
+        uint64_t mask = 0;
         if (!captures.empty())
           for (size_t i = 0; i < node->next_edges.size() && i < 64; ++i) {
             Node* fn = node->next_edges[i].fn.get();
-            if (fn && !needed.contains(fn) && !captured.contains(fn))
-              node->unused_inputs |= 1ull << i;
+            if (fn && !needed.contains(fn) && !captured.contains(fn)) mask |= 1ull << i;
           }
+        detail::t_unused_inputs = mask;
         grads_in = node->apply(grads_out);
         if (create_graph && !node->differentiable_backward())
           for (Tensor& g : grads_in)

@@ -71,6 +71,10 @@ class GradModeScope {
 void set_detect_anomaly(bool on);
 namespace detail {
 extern std::atomic<bool> g_anomaly;
+// Set by the engine on its thread while a Node's apply() runs: bit i marks input i's gradient as
+// one no target of the running backward needs (Node::needs_grad). Per thread, not per Node: a
+// Node may be in several backward passes at once (a shared leaf's accumulator).
+extern thread_local uint64_t t_unused_inputs;
 }  // namespace detail
 inline bool is_anomaly_enabled() { return detail::g_anomaly.load(std::memory_order_relaxed); }
 
@@ -125,10 +129,8 @@ class Node : public std::enable_shared_from_this<Node> {
   // some inputs only; torch's task_should_compute_output).
   bool needs_grad(size_t input) const {
     return input < next_edges.size() && next_edges[input].fn != nullptr &&
-           !(input < 64 && (unused_inputs >> input & 1));
+           !(input < 64 && (detail::t_unused_inputs >> input & 1));
   }
-  // Set by the engine around apply(): bit i marks input i's gradient as unused.
-  uint64_t unused_inputs = 0;
 
   // Engine bookkeeping.
   void check_saved() const;  // throws when freed or a saved tensor changed in place
