@@ -20,4 +20,12 @@ if [ -x "$build/examples/g2p" ]; then
   "$build/examples/g2p" --load out/g2p_demo --predict ember tensor gradient pytorch
   ran=1
 fi
+# The physics-informed network, short: 500 Adam steps and 1,000 L-BFGS iterations (relative
+# error ~0.1, under a minute on 2 cores); the full run (README, "A physics-informed network")
+# is `build/examples/pinn --out out/pinn`.
+if [ -x "$build/examples/pinn" ]; then
+  echo "=== pinn (short) ==="
+  "$build/examples/pinn" --adam-iters 500 --lbfgs-iters 1000 --out out/pinn_demo
+  ran=1
+fi
 [ "$ran" = 1 ] || { echo "no example program was built in $build/examples" >&2; exit 1; }
