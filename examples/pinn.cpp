@@ -24,7 +24,8 @@ using Json = nlohmann::ordered_json;
 namespace {
 
 struct Config {
-  int64_t layers = 9, width = 20, n_u = 100, n_f = 10000, adam_iters = 1000, lbfgs_iters = 5000;
+  int64_t layers = 9, width = 20, n_u = 100, n_f = 10000, adam_iters = 1000, lbfgs_iters = 5000,
+          lbfgs_round = 0;
   double adam_lr = 1e-3;
   DType dtype = kFloat32;
   uint64_t seed = 1234;
@@ -168,6 +169,9 @@ int main(int argc, char** argv) {
   app.add_option("--adam-lr", c.adam_lr, "Adam learning rate")->check(program::positive());
   app.add_option("--lbfgs-iters", c.lbfgs_iters, "then L-BFGS iterations (strong Wolfe)")
       ->check(program::count(0));
+  app.add_option("--lbfgs-round", c.lbfgs_round,
+                 "restart L-BFGS (drop its history) every this many iterations; 0: never")
+      ->check(program::count(0));
   std::string dtype = "float32";
   app.add_option("--dtype", dtype, "float32 (as the paper's) or float64")
       ->check(CLI::IsMember({"float32", "float64"}));
@@ -210,11 +214,15 @@ int main(int argc, char** argv) {
       if (it % 500 == 0 || it == c.adam_iters)
         fmt::print("Adam {:>6}  loss {:.3e}\n", it, adam_loss.back());
     }
+    // L-BFGS in rounds of at most --lbfgs-round iterations (0: one round), each a fresh optimizer:
+    // its history dropped, where a long run's curvature pairs have gone stale.
     int64_t lbfgs_done = 0;
-    if (c.lbfgs_iters > 0) {
+    while (lbfgs_done < c.lbfgs_iters) {
+      const int64_t iters =
+          std::min(c.lbfgs_iters - lbfgs_done, c.lbfgs_round > 0 ? c.lbfgs_round : c.lbfgs_iters);
       optim::LBFGS lbfgs(params, {.lr = 1,
-                                  .max_iter = c.lbfgs_iters,
-                                  .max_eval = c.lbfgs_iters * 5 / 4,
+                                  .max_iter = iters,
+                                  .max_eval = iters * 5 / 4,
                                   .tolerance_grad = 1e-9,
                                   .tolerance_change = 1e-12,
                                   .history_size = 50,
@@ -230,7 +238,10 @@ int main(int argc, char** argv) {
                      lbfgs_loss.back());
         return loss;
       });
-      lbfgs_done = lbfgs.n_iter();
+      lbfgs_done += lbfgs.n_iter();
+      // A round that stopped short converged or spent its evaluations: the last one, unless
+      // rounds restart it.
+      if (lbfgs.n_iter() == 0 || (lbfgs.n_iter() < iters && c.lbfgs_round == 0)) break;
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -255,6 +266,8 @@ int main(int argc, char** argv) {
           {"n_u", c.n_u},
           {"n_f", c.n_f},
           {"adam_lr", c.adam_lr},
+          {"lbfgs_round", c.lbfgs_round},
+          {"dtype", dtype},
           {"seed", c.seed},
           {"threads", get_num_threads()}}},
         {"rel_l2_error", e.rel_l2_error},

@@ -309,6 +309,7 @@ BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
   BOOST_TEST(lbfgs.back() < adam.front());
   BOOST_TEST(std::isfinite(m["rel_l2_error"].get<double>()));
   BOOST_TEST(m["train_seconds"].get<double>() > 0);
+  BOOST_TEST(m["config"]["dtype"].get<std::string>() == "float32");
   const nn::SafetensorsFile file = nn::read_safetensors(s / "out/model.safetensors");
   std::vector<std::string> names;
   for (const auto& [name, t] : file.tensors) names.push_back(name);
@@ -326,6 +327,8 @@ BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
                       {"pinn", "--n-f 0" + out, "--n-f"},
                       {"pinn", "--adam-lr nan" + out, "--adam-lr"},
                       {"pinn", "--lbfgs-iters -1" + out, "--lbfgs-iters"},
+                      {"pinn", "--lbfgs-round -1" + out, "--lbfgs-round"},
+                      {"pinn", "--dtype float16" + out, "--dtype"},
                       {"pinn", "--threads 100000" + out, "--threads"}});
   BOOST_TEST(!fs::exists(s / "bad"), "a refused run created its output directory");
   const std::string saved = read_text(s / "out/model.safetensors");
