@@ -90,6 +90,20 @@ class Golden {
   nlohmann::json json_;
 };
 
+// An optimizer's state dict holds exactly torch's entries, golden's "<prefix><key>" (the
+// golden scripts flatten torch's state with Ember's names): the same names, dtypes and values.
+inline void expect_torch_state_dict(const Golden& golden, const std::string& prefix,
+                                    const optim::StateDict& state, double rtol,
+                                    const std::string& name) {
+  BOOST_TEST(state.size() == golden.names_with_prefix(prefix).size(), name);
+  for (const auto& [key, t] : state) {
+    BOOST_TEST_REQUIRE(golden.contains(prefix + key), name << ": " << key << " is not torch's");
+    const Tensor expected = golden[prefix + key];
+    BOOST_TEST(t.dtype() == expected.dtype(), name << ": " << key);
+    expect_close(t, expected, rtol, 1e-12, name + " " + key);
+  }
+}
+
 // The whole of a file, for tests that check what an example or a writer put on disk.
 inline std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -3,7 +3,8 @@
 //   - gradcheck in Float64 on three layouts (contiguous leaves, transposed views with dims 0 and -1
 //     swapped, narrowed views of wider leaves) and, with several inputs, the first one transposed
 //     and the others contiguous; then with each floating input alone needing grad;
-//   - gradgradcheck (check_gradgradients) on the same layouts;
+//   - gradgradcheck (check_gradgradients) on the same layouts, and the first derivatives under
+//     create_graph against the fused kernels' (check_create_graph_gradients);
 //   - the PyTorch golden comparison (tests/golden/op_tables.json): the value in Float64 (tight)
 //     and Float32 (loose), and the Float64 input gradients for a saved upstream gradient;
 //   - edge cases every op must pass: an undefined Tensor() as any input throws an ember::Error
@@ -200,6 +201,31 @@ inline void gradgradcheck_row(const OpCase& c) {
   }
 }
 
+// The first derivatives under create_graph (the backward written in ops) against the fused
+// first-order kernels', on the row's layouts: gradgradcheck alone would pass a backward in ops
+// whose first derivative were wrong but consistently so.
+inline void create_graph_row(const OpCase& c) {
+  manual_seed(seed_of(c.name) + 5);
+  for (Layout layout : layouts(c)) {
+    const LaidOut row = lay_out(c, layout);
+    std::vector<Tensor> wrt;
+    for (const Tensor& t : row.leaves)
+      if (t.requires_grad()) wrt.push_back(t);
+    const Tensor up = randn(row.through_views(row.leaves).shape(), kFloat64);
+    const auto grads = [&](bool create_graph) {
+      return autograd::grad({row.through_views(row.leaves)}, wrt, {up}, std::nullopt, create_graph,
+                            true);
+    };
+    const std::vector<Tensor> first = grads(false), in_ops = grads(true);
+    for (size_t i = 0; i < wrt.size(); ++i) {
+      BOOST_TEST(in_ops[i].defined() == first[i].defined());
+      if (first[i].defined())
+        expect_close(in_ops[i], first[i], 1e-10, 1e-12,
+                     fmt::format("{}, input {}", layout_name(layout), i));
+    }
+  }
+}
+
 // One row against PyTorch: values in Float64 and Float32, gradients in Float64.
 inline void golden_row(const Golden& g, const OpCase& c) {
   const std::string regenerate = "run /usr/bin/python3 tests/golden/gen_op_tables.py";
@@ -367,6 +393,14 @@ inline void check_gradgradients(const OpTable& table) {
   detail::for_rows(
       table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
       detail::gradgradcheck_row);
+}
+
+// The create_graph gradients of every row gradcheck checks equal the fused kernels'
+// (detail::create_graph_row).
+inline void check_create_graph_gradients(const OpTable& table) {
+  detail::for_rows(
+      table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
+      detail::create_graph_row);
 }
 
 inline void check_golden(const OpTable& table) {

@@ -127,6 +127,9 @@ BOOST_AUTO_TEST_SUITE(test_elementwise)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_create_graph_gradients) {
+  check_create_graph_gradients(kElementwiseOps);
+}
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kElementwiseOps); }

@@ -136,15 +136,8 @@ BOOST_AUTO_TEST_CASE(state_dict_matches_pytorch) {
     std::vector<Tensor> params = initial_params(name, kFloat64);
     LBFGS opt(params, c.options);
     for (int k = 0; k < kResumeAfter; ++k) opt.step(closure_for(c, params, opt));
-    const std::string prefix = fmt::format("{}.state_dict{}.", name, kResumeAfter);
-    const optim::StateDict state = opt.state_dict();
-    BOOST_TEST(state.size() == golden.names_with_prefix(prefix).size(), name);
-    for (const auto& [key, t] : state) {
-      BOOST_TEST_REQUIRE(golden.contains(prefix + key), name << ": " << key << " is not torch's");
-      const Tensor expected = golden[prefix + key];
-      BOOST_TEST(t.dtype() == expected.dtype(), name << ": " << key);
-      expect_close(t, expected, c.state_rtol, 1e-12, name + " " + key);
-    }
+    expect_torch_state_dict(golden, fmt::format("{}.state_dict{}.", name, kResumeAfter),
+                            opt.state_dict(), c.state_rtol, name);
   }
 }
 

@@ -240,35 +240,6 @@ const OpTable kLossOps = {
 };
 // clang-format on
 
-// The first derivatives under create_graph (the backward in ops) against the first-order
-// kernels', for every differentiable row on its layouts.
-void check_create_graph_gradients(const OpTable& table) {
-  for (const OpCase& c : table) {
-    if (!c.differentiable() || (c.flags & kNoGradcheck)) continue;
-    BOOST_TEST_CONTEXT(c.name) {
-      manual_seed(testing::detail::seed_of(c.name) + 5);
-      for (const auto layout : testing::detail::layouts(c)) {
-        const testing::detail::LaidOut row = testing::detail::lay_out(c, layout);
-        std::vector<Tensor> wrt;
-        for (const Tensor& t : row.leaves)
-          if (t.requires_grad()) wrt.push_back(t);
-        const Tensor up = randn(row.through_views(row.leaves).shape(), kFloat64);
-        const auto grads = [&](bool create_graph) {
-          return autograd::grad({row.through_views(row.leaves)}, wrt, {up}, std::nullopt,
-                                create_graph, true);
-        };
-        const std::vector<Tensor> first = grads(false), in_ops = grads(true);
-        for (size_t i = 0; i < wrt.size(); ++i) {
-          BOOST_TEST(in_ops[i].defined() == first[i].defined());
-          if (first[i].defined())
-            expect_close(in_ops[i], first[i], 1e-10, 1e-12,
-                         fmt::format("{}, input {}", testing::detail::layout_name(layout), i));
-        }
-      }
-    }
-  }
-}
-
 // Gradcheck of f for every reduction, then Float32 forward against Float64. Int64 inputs pass
 // through unchanged.
 void check_all_reductions(const std::string& what,
