@@ -7,6 +7,7 @@
 #include "data/data.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "graph/device.h"
 #include "graph/dtype.h"
 #include "graph/error.h"
 #include "graph/parallel.h"

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "graph/creation.h"
+#include "graph/device.h"
 
 namespace ember {
 
@@ -25,8 +26,11 @@ std::mutex& generator_mutex() {
 GeneratorGuard::GeneratorGuard() : lock_(generator_mutex()) {}
 
 void manual_seed(uint64_t seed) {
-  GeneratorGuard guard;
-  guard.gen().seed(seed);
+  {
+    GeneratorGuard guard;
+    guard.gen().seed(seed);
+  }
+  cuda::manual_seed(seed);
 }
 
 // std::mt19937_64 writes its state as 312 words and a position, separated by spaces.
@@ -75,7 +79,8 @@ uint64_t random_bits() {
 
 double next_uniform(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
 
-Tensor rand(Shape shape, DType dtype) {
+Tensor rand(Shape shape, DType dtype, const Device& device) {
+  check_device(device, "rand");
   Tensor out = empty(shape, dtype);
   GeneratorGuard guard;
   auto& gen = guard.gen();
@@ -86,10 +91,11 @@ Tensor rand(Shape shape, DType dtype) {
       p[i] = v < T(1) ? v : std::nextafter(T(1), T(0));  // rounding to float must stay below 1
     }
   });
-  return out;
+  return out.to(device);
 }
 
-Tensor normal(double mean, double std, Shape shape, DType dtype) {
+Tensor normal(double mean, double std, Shape shape, DType dtype, const Device& device) {
+  check_device(device, "normal");
   EMBER_CHECK(std >= 0, "normal: std must be non-negative, got {}", std);
   Tensor out = empty(shape, dtype);
   GeneratorGuard guard;
@@ -106,12 +112,16 @@ Tensor normal(double mean, double std, Shape shape, DType dtype) {
         p[i + 1] = static_cast<T>(mean + std * r * std::sin(2 * std::numbers::pi * u2));
     }
   });
-  return out;
+  return out.to(device);
 }
 
-Tensor randn(Shape shape, DType dtype) { return normal(0.0, 1.0, std::move(shape), dtype); }
+Tensor randn(Shape shape, DType dtype, const Device& device) {
+  check_device(device, "randn");
+  return normal(0.0, 1.0, std::move(shape), dtype, device);
+}
 
-Tensor randint(int64_t low, int64_t high, Shape shape) {
+Tensor randint(int64_t low, int64_t high, Shape shape, const Device& device) {
+  check_device(device, "randint");
   EMBER_CHECK(low < high, "randint: low {} must be less than high {}", low, high);
   Tensor out = empty(shape, kInt64);
   GeneratorGuard guard;
@@ -126,7 +136,7 @@ Tensor randint(int64_t low, int64_t high, Shape shape) {
     while (r >= limit);
     p[i] = low + static_cast<int64_t>(r % range);
   }
-  return out;
+  return out.to(device);
 }
 
 }  // namespace ember

@@ -63,9 +63,13 @@ inline uint64_t counter_bits(uint64_t key, uint64_t counter) {
   return counter_mix(key + (counter + 1) * kCounterGamma);
 }
 
-Tensor rand(Shape shape, DType dtype = kFloat32);   // U[0, 1)
-Tensor randn(Shape shape, DType dtype = kFloat32);  // N(0, 1)
-Tensor normal(double mean, double std, Shape shape, DType dtype = kFloat32);
-Tensor randint(int64_t low, int64_t high, Shape shape);  // Int64 in [low, high)
+// Random tensors, drawn on the host from the global generator; the device comes after the dtype
+// (randint has none: Int64), as in graph/creation.h.
+Tensor rand(Shape shape, DType dtype = kFloat32, const Device& device = kCPU);   // U[0, 1)
+Tensor randn(Shape shape, DType dtype = kFloat32, const Device& device = kCPU);  // N(0, 1)
+Tensor normal(double mean, double std, Shape shape, DType dtype = kFloat32,
+              const Device& device = kCPU);
+// Int64 in [low, high)
+Tensor randint(int64_t low, int64_t high, Shape shape, const Device& device = kCPU);
 
 }  // namespace ember

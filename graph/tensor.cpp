@@ -106,7 +106,8 @@ size_t physical_memory() {
 
 }  // namespace
 
-Storage::Storage(size_t nbytes) : nbytes_(nbytes) {
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  check_device(device_, "tensor");
   EMBER_CHECK(nbytes <= physical_memory(),
               "tensor: cannot allocate {} bytes ({:.1f} GiB): the machine has {:.1f} GiB of memory",
               nbytes, nbytes / 1073741824.0, physical_memory() / 1073741824.0);
@@ -175,12 +176,12 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, std::string_view op) {
   return dim < 0 ? dim + n : dim;
 }
 
-Tensor empty(const Shape& shape, DType dtype) {
+Tensor empty(const Shape& shape, DType dtype, const Device& device) {
   const int64_t n = shape_numel(shape);
   int64_t bytes = 0;
   EMBER_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(element_size(dtype)), &bytes),
               "tensor: shape {} of {} needs more bytes than an int64 counts", shape, dtype);
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(bytes));
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(bytes), device);
   return Tensor(
       std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguous_strides(shape), dtype));
 }

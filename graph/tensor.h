@@ -15,6 +15,7 @@
 
 #include <fmt/ostream.h>
 
+#include "graph/device.h"
 #include "graph/dtype.h"
 #include "graph/error.h"
 
@@ -27,23 +28,26 @@ struct SortResult;
 struct TopkResult;
 enum class Reduction { None, Mean, Sum };
 
-// A 64-byte aligned buffer shared by a tensor and all its views. Its version counts in-place
-// writes through any of them (see Note [Version counter] in graph/autograd.h).
+// A 64-byte aligned buffer shared by a tensor and all its views, on one device. Its version counts
+// in-place writes through any of them (see Note [Version counter] in graph/autograd.h).
 class Storage {
  public:
-  explicit Storage(size_t nbytes);
+  // nbytes on `device`: only the CPU holds storage in this build (check_device says why not).
+  explicit Storage(size_t nbytes, Device device = kCPU);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  const Device& device() const { return device_; }
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
 
  private:
   void* data_;
   size_t nbytes_;
+  Device device_;
   uint64_t version_ = 0;
 };
 
@@ -92,6 +96,8 @@ class Tensor {
   int64_t stride(int64_t d) const;
   int64_t storage_offset() const { return checked("storage_offset").offset; }
   DType dtype() const { return checked("dtype").dtype; }
+  const Device& device() const { return checked("device").storage->device(); }
+  bool is_cuda() const { return device().is_cuda(); }
   bool is_contiguous() const;
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
@@ -107,6 +113,11 @@ class Tensor {
   template <class T>
   std::vector<T> to_vector() const;
   Tensor to(DType dtype) const;
+  // On `device`: this tensor itself when already there, else a copy (differentiable, as torch's).
+  Tensor to(const Device& device) const;
+  Tensor to(const Device& device, DType dtype) const;
+  Tensor cpu() const { return to(kCPU); }
+  Tensor cuda(int index = 0) const { return to(Device(DeviceType::CUDA, index)); }
   Tensor contiguous() const;
   Tensor clone() const;
 
@@ -161,7 +172,7 @@ class Tensor {
 // The most dims a tensor may have (TensorImpl refuses more; readers of files check first).
 inline constexpr size_t kMaxDims = 16;
 // A new contiguous tensor of `shape` with uninitialised contents.
-Tensor empty(const Shape& shape, DType dtype = kFloat32);
+Tensor empty(const Shape& shape, DType dtype = kFloat32, const Device& device = kCPU);
 // A view of `base`'s storage with the given geometry (no autograd link).
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
 // Row-major strides of a contiguous tensor of `shape`.

@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <typeinfo>
 #include <unordered_set>
+#include <utility>
 
 #include "graph/autograd.h"
 
@@ -190,22 +192,53 @@ void Module::zero_grad() {
   for (const Tensor& p : parameters()) p.set_grad(Tensor());
 }
 
-Module& Module::to(DType dtype) {
-  EMBER_CHECK(is_floating(dtype), "Module::to: only Float32 or Float64 modules, got {}", dtype);
+namespace {
+
+// Every parameter and buffer of `m` to `device` (when given), the floating ones to `dtype` (when
+// given), in place: every handle (members, optimizers) shares the TensorImpl, so its data is
+// swapped under it. Each is converted before any is swapped, so a refusal leaves `m` as it was.
+void convert_in_place(Module& m, const std::optional<Device>& device, std::optional<DType> dtype) {
+  EMBER_CHECK(!dtype || is_floating(*dtype), "Module::to: only Float32 or Float64 modules, got {}",
+              *dtype);
   NoGradGuard no_grad;
-  NamedTensors all = named_parameters();
-  for (auto& b : named_buffers()) all.push_back(std::move(b));
+  NamedTensors all = m.named_parameters();
+  for (auto& b : m.named_buffers()) all.push_back(std::move(b));
+  const auto convert = [&](const Tensor& t) {
+    const DType target = dtype && is_floating(t.dtype()) ? *dtype : t.dtype();
+    return t.detach().to(device.value_or(t.device()), target);
+  };
+  std::vector<std::pair<Tensor, Tensor>> done;        // (tensor, its converted data)
+  std::vector<std::pair<TensorImpl*, Tensor>> grads;  // (tensor, its converted gradient)
   for (const auto& [name, t] : all) {
-    if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
-    // Every handle (members, optimizers) shares this TensorImpl, so swap its data in place.
-    const Tensor converted = t.detach().to(dtype);
+    const Tensor converted = convert(t);
+    if (converted.impl()->storage == t.impl()->storage && converted.dtype() == t.dtype()) continue;
+    done.emplace_back(t, converted);
+    if (t.impl()->grad) grads.emplace_back(t.impl(), convert(Tensor(t.impl()->grad)));
+  }
+  for (const auto& [t, converted] : done) {
     TensorImpl& impl = *t.impl();
     impl.storage = converted.impl()->storage;
     impl.offset = converted.storage_offset();
     impl.strides = converted.strides();
-    impl.dtype = dtype;
-    if (impl.grad) impl.grad = Tensor(impl.grad).to(dtype).impl_ptr();
+    impl.dtype = converted.dtype();
   }
+  for (const auto& [impl, grad] : grads) impl->grad = grad.impl_ptr();
+}
+
+}  // namespace
+
+Module& Module::to(DType dtype) {
+  convert_in_place(*this, std::nullopt, dtype);
+  return *this;
+}
+
+Module& Module::to(const Device& device) {
+  convert_in_place(*this, device, std::nullopt);
+  return *this;
+}
+
+Module& Module::to(const Device& device, DType dtype) {
+  convert_in_place(*this, device, dtype);
   return *this;
 }
 

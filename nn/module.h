@@ -83,8 +83,12 @@ class Module {
   bool is_training() const { return training_; }
   // Gradients become undefined (PyTorch's set_to_none).
   void zero_grad();
-  // Converts floating parameters and buffers in place: every handle to them sees the new dtype.
+  // Converts floating parameters and buffers (and their gradients) in place: every handle to
+  // them (members, optimizers) sees the new dtype. to(Device) moves every parameter and buffer
+  // to the device the same way; to(Device, DType) does both.
   Module& to(DType dtype);
+  Module& to(const Device& device);
+  Module& to(const Device& device, DType dtype);
   // A deep copy with new storage; see Note [Cloning modules].
   virtual std::shared_ptr<Module> clone() const;
   // The class name, for messages ("Linear").

@@ -51,6 +51,21 @@ Tensor Tensor::to(DType target) const {
   return record<ToBackward>(op, out, {*this});
 }
 
+Tensor Tensor::to(const Device& target) const {
+  EMBER_CHECK(defined(), "to: undefined tensor");
+  return to(target, dtype());
+}
+
+Tensor Tensor::to(const Device& target, DType dtype) const {
+  constexpr std::string_view op = "to";
+  EMBER_CHECK(defined(), "{}: undefined tensor", op);
+  if (target == device()) return to(dtype);
+  // Copies between devices come with the CUDA backend's storage; until then check_device refuses
+  // every device but the CPU, saying why (Note [CUDA availability] in graph/device.h).
+  check_device(target, op);
+  throw Error(fmt::format("{}: no copy from {} to {} in this build", op, device(), target));
+}
+
 Tensor Tensor::clone() const {
   constexpr std::string_view op = "clone";
   EMBER_CHECK(defined(), "{}: undefined tensor", op);
