@@ -13,6 +13,8 @@ cd "$ROOT"
 BUILD=${1:-build}
 PY=${PYTHON:-/usr/bin/python3}
 ITERS=(--adam-iters "${ADAM:-200}" --lbfgs-iters "${LBFGS:-200}")
+# torch's L-BFGS keeps a curvature pair when y·s > 1e-10: Ember's twin does the same here.
+EMBER_ONLY=(--lbfgs-curvature-eps 1e-10)
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; torch $("$PY" -c 'import torch; print(torch.__version__)')"
@@ -20,7 +22,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 for t in ${THREADS:-1 2}; do
   : >"$OUT/ember" && : >"$OUT/torch"
   for _ in $(seq "${REPEAT:-3}"); do
-    "$BUILD/examples/pinn" "${ITERS[@]}" --threads "$t" --out "$OUT/run" >/dev/null
+    "$BUILD/examples/pinn" "${ITERS[@]}" "${EMBER_ONLY[@]}" --threads "$t" --out "$OUT/run" >/dev/null
     "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["train_seconds"])' \
       "$OUT/run/metrics.json" >>"$OUT/ember"
     env OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" ${WAIT_POLICY:+OMP_WAIT_POLICY=$WAIT_POLICY} \

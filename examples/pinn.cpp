@@ -27,6 +27,9 @@ struct Config {
   int64_t layers = 9, width = 20, n_u = 100, n_f = 10000, adam_iters = 1000, lbfgs_iters = 5000,
           lbfgs_round = 0;
   double adam_lr = 1e-3;
+  // L-BFGS keeps every curvature pair of positive curvature (LBFGSOptions::curvature_eps): torch's
+  // fixed 1e-10 stops learning curvature once the loss is below ~1e-6.
+  double lbfgs_curvature_eps = 0;
   DType dtype = kFloat32;
   uint64_t seed = 1234;
   int threads = 0;
@@ -172,6 +175,9 @@ int main(int argc, char** argv) {
   app.add_option("--lbfgs-round", c.lbfgs_round,
                  "restart L-BFGS (drop its history) every this many iterations; 0: never")
       ->check(program::count(0));
+  app.add_option("--lbfgs-curvature-eps", c.lbfgs_curvature_eps,
+                 "L-BFGS keeps a curvature pair when y.s exceeds this (torch: 1e-10)")
+      ->check(program::finite_in(0, 1));
   std::string dtype = "float32";
   app.add_option("--dtype", dtype, "float32 (as the paper's) or float64")
       ->check(CLI::IsMember({"float32", "float64"}));
@@ -226,7 +232,8 @@ int main(int argc, char** argv) {
                                   .tolerance_grad = 1e-9,
                                   .tolerance_change = 1e-12,
                                   .history_size = 50,
-                                  .line_search_fn = "strong_wolfe"});
+                                  .line_search_fn = "strong_wolfe",
+                                  .curvature_eps = c.lbfgs_curvature_eps});
       lbfgs.step([&] {
         lbfgs.zero_grad();
         Tensor loss = loss_of(net, data);
@@ -267,6 +274,7 @@ int main(int argc, char** argv) {
           {"n_f", c.n_f},
           {"adam_lr", c.adam_lr},
           {"lbfgs_round", c.lbfgs_round},
+          {"lbfgs_curvature_eps", c.lbfgs_curvature_eps},
           {"dtype", dtype},
           {"seed", c.seed},
           {"threads", get_num_threads()}}},

@@ -216,6 +216,8 @@ std::string invalid(double lr, const LBFGSOptions& o) {
   if (!(o.tolerance_grad >= 0)) return fmt::format("invalid tolerance_grad {}", o.tolerance_grad);
   if (!(o.tolerance_change >= 0))
     return fmt::format("invalid tolerance_change {}", o.tolerance_change);
+  if (!(o.curvature_eps >= 0 && std::isfinite(o.curvature_eps)))
+    return fmt::format("invalid curvature_eps {} (must be >= 0)", o.curvature_eps);
   if (o.line_search_fn && *o.line_search_fn != "strong_wolfe")
     return fmt::format("unknown line_search_fn '{}' (only \"strong_wolfe\" or none)",
                        *o.line_search_fn);
@@ -341,11 +343,11 @@ Tensor LBFGS::run(const std::function<Tensor()>& closure) {
       s.old_dirs.clear(), s.old_stps.clear(), s.ro.clear();
       s.h_diag = 1;
     } else {
-      // the curvature pair of the last step, kept when y·s > 1e-10
+      // the curvature pair of the last step, kept when y·s > curvature_eps (torch: 1e-10)
       Tensor y = combine<T>(T(1), g, T(-1), s.prev_flat_grad);
       Tensor step = combine<T>(T(s.t), s.d, T(0), {});
       const T ys = dot<T>(y, step);
-      if (ys > T(1e-10)) {
+      if (ys > T(o.curvature_eps)) {
         if (int64_t(s.old_dirs.size()) == o.history_size) {
           s.old_dirs.erase(s.old_dirs.begin());
           s.old_stps.erase(s.old_stps.begin());
@@ -469,6 +471,7 @@ LBFGS::State LBFGS::read(const StateDict& state) const {
   o.tolerance_change = in.number("param_groups.0.tolerance_change");
   o.history_size = in.integer("param_groups.0.history_size");
   if (in.flag("param_groups.0.line_search_fn")) o.line_search_fn = "strong_wolfe";
+  o.curvature_eps = state_.options.curvature_eps;  // not in the state dict: this optimizer's
   if (const std::string problem = invalid(s.lr, o); !problem.empty()) in.fail(problem);
 
   if (in.contains("state.0.func_evals") || in.contains("state.0.n_iter")) {

@@ -21,11 +21,18 @@ struct LBFGSOptions {
   double tolerance_grad = 1e-7, tolerance_change = 1e-9;
   int64_t history_size = 100;
   std::optional<std::string> line_search_fn = std::nullopt;  // "strong_wolfe" or none
+  // Ember's addition (not in torch, not in the state dict): a curvature pair is kept when
+  // y·s > curvature_eps. torch's fixed 1e-10 by default. The threshold is absolute, so a loss
+  // far below 1 (a PINN's 1e-6) has y·s below it: L-BFGS then keeps no new pair and crawls
+  // along stale curvature. 0 keeps every pair of positive curvature (SciPy's L-BFGS-B skips
+  // only y·s <= machine epsilon · y·y), and so is the same for any scale of the loss.
+  double curvature_eps = 1e-10;
 };
 
 // torch.optim.LBFGS. One iteration: g is the flat gradient; the direction d is -g on the very
 // first iteration, else the two-loop recursion over the last history_size pairs (y = g - g_prev,
-// s = t d_prev), a pair kept only when y·s > 1e-10, with initial Hessian H_diag = y·s / y·y. The
+// s = t d_prev), a pair kept only when y·s > curvature_eps (torch: 1e-10), with initial Hessian
+// H_diag = y·s / y·y of the last pair kept. The
 // step t is min(1, 1/|g|_1) lr on the first iteration, lr after; with strong_wolfe a line search
 // (c1 = 1e-4, c2 = 0.9, at most 25 evaluations, cubic interpolation) picks t along d. The loop
 // stops at max_iter, max_eval, max |g| <= tolerance_grad, g·d > -tolerance_change,

@@ -120,6 +120,13 @@ void replay(const std::string& name, DType dtype, double rtol, int resume_at = -
   }
 }
 
+// 1, …, 1000 at even logarithmic steps, over 8 elements: the quadratic's curvatures.
+Tensor logspace_like_weights() {
+  std::vector<double> a;
+  for (int i = 0; i < 8; ++i) a.push_back(std::pow(1000.0, i / 7.0));
+  return from_vector(a, {8}, kFloat64);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(test_lbfgs)
@@ -212,6 +219,52 @@ BOOST_AUTO_TEST_CASE(converged_returns_after_one_evaluation) {
   BOOST_TEST(other.func_evals() == 1);
 }
 
+// An ill-conditioned quadratic, sum_i a_i (x_i - 1)² with a from 1 to 1000, at two scales: as it
+// is, and times 1e-12, where y·s falls below torch's fixed 1e-10, as a PINN's loss near 1e-6 does.
+BOOST_AUTO_TEST_CASE(curvature_eps_keeps_a_tiny_loss_learning) {
+  const auto run = [](double scale, double curvature_eps) {
+    const Tensor a = logspace_like_weights();
+    Tensor x = zeros({8}, kFloat64).requires_grad_();
+    LBFGS opt({x}, {.max_iter = 40,
+                    .tolerance_grad = 0,
+                    .tolerance_change = 0,
+                    .line_search_fn = "strong_wolfe",
+                    .curvature_eps = curvature_eps});
+    opt.step([&] {
+      opt.zero_grad();
+      Tensor loss = (a * pow(x - 1.0, 2)).sum() * scale;
+      loss.backward();
+      return loss;
+    });
+    // the pairs kept: the history's length in the state dict
+    int64_t pairs = 0;
+    for (const auto& [name, t] : opt.state_dict()) pairs += name.starts_with("state.0.ro.");
+    return std::pair{x.detach(), pairs};
+  };
+  const auto [plain, plain_pairs] = run(1, 1e-10);
+  const auto [tiny_torch, tiny_torch_pairs] = run(1e-12, 1e-10);
+  const auto [tiny, tiny_pairs] = run(1e-12, 0);
+  // Unscaled, torch's threshold keeps pairs and L-BFGS reaches the minimum x = 1.
+  BOOST_TEST(plain_pairs > 0);
+  expect_close(plain, ones({8}, kFloat64), 0, 1e-8, "unscaled");
+  const auto error = [](const Tensor& x) { return (x - 1.0).abs().max().item<double>(); };
+  // Unscaled, torch's threshold keeps the pairs and L-BFGS reaches the minimum x = 1 ...
+  BOOST_TEST(plain_pairs > 10);
+  BOOST_TEST(error(plain) < 1e-8);
+  // ... but at 1e-12 it keeps almost none (only where the line search stretched a step), and
+  // L-BFGS is left far from the minimum (here ~0.9 off) ...
+  BOOST_TEST(tiny_torch_pairs < 5);
+  BOOST_TEST(error(tiny_torch) > 0.1);
+  // ... where curvature_eps = 0 keeps learning the curvature and reaches it too.
+  BOOST_TEST(tiny_pairs > 10);
+  BOOST_TEST(error(tiny) < 1e-8);
+  // A state dict holds no curvature_eps (torch's has none): loading keeps the optimizer's own.
+  Tensor w = zeros({2}, kFloat64).requires_grad_();
+  LBFGS with_zero({w}, {.curvature_eps = 0});
+  with_zero.load_state_dict(LBFGS({w}).state_dict());
+  BOOST_TEST(with_zero.options().curvature_eps == 0.0);
+}
+
 BOOST_AUTO_TEST_CASE(closure_runs_with_grad_enabled) {
   // As torch's: step under no_grad still records the closure's graph.
   const Case& c = cases().at("rosen");
@@ -245,6 +298,8 @@ BOOST_AUTO_TEST_CASE(bad_options_and_parameters) {
   expect_error([&] { LBFGS({w}, {.max_eval = 0}); }, {"LBFGS:", "max_eval 0"});
   expect_error([&] { LBFGS({w}, {.history_size = 0}); }, {"LBFGS:", "history_size 0"});
   expect_error([&] { LBFGS({w}, {.tolerance_grad = -1}); }, {"LBFGS:", "tolerance_grad -1"});
+  expect_error([&] { LBFGS({w}, {.curvature_eps = -1}); }, {"LBFGS:", "curvature_eps -1"});
+  expect_error([&] { LBFGS({w}, {.curvature_eps = NAN}); }, {"LBFGS:", "curvature_eps nan"});
   expect_error([&] { LBFGS({w}, {.line_search_fn = "backtracking"}); },
                {"LBFGS:", "line_search_fn 'backtracking'"});
   Tensor v = zeros({2}, kFloat64).requires_grad_();

@@ -310,6 +310,7 @@ BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
   BOOST_TEST(std::isfinite(m["rel_l2_error"].get<double>()));
   BOOST_TEST(m["train_seconds"].get<double>() > 0);
   BOOST_TEST(m["config"]["dtype"].get<std::string>() == "float32");
+  BOOST_TEST(m["config"]["lbfgs_curvature_eps"].get<double>() == 0.0);
   const nn::SafetensorsFile file = nn::read_safetensors(s / "out/model.safetensors");
   std::vector<std::string> names;
   for (const auto& [name, t] : file.tensors) names.push_back(name);
@@ -328,6 +329,7 @@ BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
                       {"pinn", "--adam-lr nan" + out, "--adam-lr"},
                       {"pinn", "--lbfgs-iters -1" + out, "--lbfgs-iters"},
                       {"pinn", "--lbfgs-round -1" + out, "--lbfgs-round"},
+                      {"pinn", "--lbfgs-curvature-eps -1e-3" + out, "--lbfgs-curvature-eps"},
                       {"pinn", "--dtype float16" + out, "--dtype"},
                       {"pinn", "--threads 100000" + out, "--threads"}});
   BOOST_TEST(!fs::exists(s / "bad"), "a refused run created its output directory");
