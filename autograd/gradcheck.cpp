@@ -40,6 +40,10 @@ void check_inputs(const std::vector<Tensor>& inputs) {
     if (!x.defined() || !x.requires_grad()) continue;
     any = true;
     EMBER_CHECK(x.dtype() == kFloat64, "gradcheck: input {} is {}, expected Float64", i, x.dtype());
+    // The numeric side writes each element in place through the host (Note [CPU kernels and
+    // devices] in graph/tensor.cpp).
+    EMBER_CHECK(x.device().is_cpu(), "gradcheck: input {} is on {}; only CPU inputs so far", i,
+                x.device());
     for (int64_t d = 0; d < x.dim(); ++d)
       EMBER_CHECK(x.stride(d) != 0 || x.size(d) <= 1,
                   "gradcheck: input {} of shape {} has overlapping (expanded) memory", i,

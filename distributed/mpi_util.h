@@ -17,6 +17,8 @@ MPI_Datatype mpi_type(DType dtype, std::string_view op);
 void check_mpi(int rc, std::string_view op);
 // The address of t's first element, whatever its dtype.
 inline char* bytes(const Tensor& t) {
+  EMBER_CHECK(t.device().is_cpu(), "distributed: a tensor on {}: only CPU tensors so far",
+              t.device());
   return static_cast<char*>(t.impl()->storage->data()) +
          t.storage_offset() * static_cast<int64_t>(element_size(t.dtype()));
 }

@@ -8,7 +8,11 @@
 #ifdef EMBER_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <mutex>
+#include <vector>
+
+#include "graph/caching_allocator.h"
 #endif
 
 namespace ember {
@@ -93,6 +97,74 @@ void check_cuda(cudaError_t status, std::string_view what) {
                             cudaGetErrorName(status)));
 }
 
+// Makes device `index` the calling thread's current one while alive (the runtime keeps one per
+// thread), and puts the previous one back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != index) check_cuda(cudaSetDevice(index), "cudaSetDevice");
+    changed_ = previous_ != index;
+  }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// The caching allocator's backend: the driver's memory of one device.
+struct DriverMemory {
+  int index;
+  void* alloc(size_t bytes) {
+    DeviceGuard guard(index);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    cudaGetLastError();  // out of memory is not sticky: clear it, the allocator decides
+    return nullptr;
+  }
+  void release(void* p) {
+    DeviceGuard guard(index);
+    check_cuda(cudaFree(p), "cudaFree");
+  }
+  std::string name() const { return fmt::format("cuda:{}", index); }
+};
+
+// A device's stream (every kernel and copy of Ember's on that device is queued on it, so they
+// run in the order they were issued: Note [Caching allocator]) and its caching allocator.
+struct DeviceState {
+  explicit DeviceState(int index) : allocator(DriverMemory{index}) {
+    DeviceGuard guard(index);
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+  }
+  CachingAllocator<DriverMemory> allocator;
+  cudaStream_t stream = nullptr;
+};
+
+// The devices' states, each made at its first use. Never destroyed: Storages of static tensors
+// may be freed after static destruction.
+std::mutex g_states_mutex;
+std::vector<std::unique_ptr<DeviceState>>& states() {
+  static auto* all = new std::vector<std::unique_ptr<DeviceState>>();
+  return *all;
+}
+
+DeviceState& state(int index) {
+  std::lock_guard lock(g_states_mutex);
+  std::vector<std::unique_ptr<DeviceState>>& all = states();
+  if (all.empty()) all.resize(static_cast<size_t>(probe().count));
+  EMBER_CHECK(index >= 0 && index < static_cast<int>(all.size()),
+              "cuda: device {} out of range for {} device(s)", index, all.size());
+  std::unique_ptr<DeviceState>& s = all[static_cast<size_t>(index)];
+  if (!s) s = std::make_unique<DeviceState>(index);
+  return *s;
+}
+
 }  // namespace
 
 int device_count() { return probe().count; }
@@ -110,6 +182,55 @@ void synchronize() {
   check_cuda(cudaSetDevice(current), "cudaSetDevice");
 }
 
+MemoryStats memory_stats(int device) {
+  check_device(Device(DeviceType::CUDA, device), "cuda::memory_stats");
+  return state(device).allocator.stats();
+}
+
+void empty_cache() {
+  std::vector<DeviceState*> started;
+  {
+    std::lock_guard lock(g_states_mutex);
+    for (const auto& s : states())
+      if (s) started.push_back(s.get());
+  }
+  for (DeviceState* s : started) s->allocator.empty_cache();
+}
+
+namespace detail {
+
+void* allocate(const Device& device, size_t nbytes) {
+  return state(device.index()).allocator.allocate(nbytes);
+}
+
+void free(const Device& device, void* p) { state(device.index()).allocator.free(p); }
+
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                size_t nbytes) {
+  EMBER_CHECK(dst_device.is_cuda() || src_device.is_cuda(),
+              "cuda::copy_bytes: neither {} nor {} is a CUDA device", dst_device, src_device);
+  if (nbytes == 0) return;
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    // Between two GPUs: after the source's queued work, then wait for the copy.
+    const int from = src_device.index(), to = dst_device.index();
+    check_cuda(cudaStreamSynchronize(state(from).stream), "cudaStreamSynchronize");
+    DeviceGuard guard(to);
+    const cudaStream_t stream = state(to).stream;
+    check_cuda(cudaMemcpyPeerAsync(dst, to, src, from, nbytes, stream), "cudaMemcpyPeerAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return;
+  }
+  const int index = dst_device.is_cuda() ? dst_device.index() : src_device.index();
+  DeviceGuard guard(index);
+  const cudaStream_t stream = state(index).stream;
+  // From pageable host memory the call returns once the source is staged (it may be freed); to
+  // host memory the stream is waited for, so that the bytes are there on return.
+  check_cuda(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  if (dst_device.is_cpu()) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+}  // namespace detail
+
 #else  // built without the CUDA toolkit
 
 int device_count() { return 0; }
@@ -121,6 +242,31 @@ std::string unavailable_reason() {
 void synchronize() {
   throw Error(fmt::format("cuda::synchronize: no CUDA device: {}", unavailable_reason()));
 }
+
+MemoryStats memory_stats(int device) {
+  check_device(Device(DeviceType::CUDA, device), "cuda::memory_stats");
+  return {};
+}
+
+void empty_cache() {}
+
+// No CUDA storage can be made in this build: check_device refuses first; these say so again.
+namespace detail {
+
+void* allocate(const Device& device, size_t) {
+  throw Error(fmt::format("cuda: cannot allocate on {}: {}", device, unavailable_reason()));
+}
+
+void free(const Device& device, void*) {
+  throw Error(fmt::format("cuda: cannot free on {}: {}", device, unavailable_reason()));
+}
+
+void copy_bytes(void*, const Device& dst_device, const void*, const Device& src_device, size_t) {
+  throw Error(fmt::format("cuda: cannot copy from {} to {}: {}", src_device, dst_device,
+                          unavailable_reason()));
+}
+
+}  // namespace detail
 
 #endif
 
@@ -144,10 +290,6 @@ void check_device(const Device& device, std::string_view op) {
               cuda::unavailable_reason());
   EMBER_CHECK(device.index() < cuda::device_count(),
               "{}: cannot use {}: there are {} CUDA device(s)", op, device, cuda::device_count());
-  throw Error(
-      fmt::format("{}: tensors on {} are not supported yet: Ember's CUDA backend has no "
-                  "storage or kernels in this build",
-                  op, device));
 }
 
 }  // namespace ember

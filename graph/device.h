@@ -60,14 +60,40 @@ void synchronize();
 void manual_seed(uint64_t seed);
 uint64_t initial_seed();
 
+// The caching allocator's books for one device (Note [Caching allocator] in
+// graph/caching_allocator.h); an Error without that device. empty_cache() returns every cached
+// block of every device to the driver (torch.cuda.empty_cache); without a device, nothing.
+struct MemoryStats {
+  size_t allocated_bytes = 0;  // in blocks held by tensors now (rounded sizes)
+  size_t reserved_bytes = 0;   // got from the driver and not returned: allocated + cached
+  int64_t driver_allocs = 0;   // cudaMalloc calls that succeeded, since the start
+  int64_t driver_frees = 0;    // blocks returned to the driver (cudaFree)
+  int64_t requests = 0;        // blocks asked of the allocator
+  int64_t cache_hits = 0;      // of them, those a cached block served
+};
+MemoryStats memory_stats(int device = 0);
+void empty_cache();
+
 // Why no device can be used, for error messages: "Ember was built without CUDA", or the
 // driver's answer ("no CUDA-capable device is detected"); empty when a device is usable.
 std::string unavailable_reason();
 
+namespace detail {
+// The storage of tensors on a CUDA device (graph/tensor.cpp's Storage): a block of the device's
+// caching allocator, and back.
+void* allocate(const Device& device, size_t nbytes);
+void free(const Device& device, void* p);
+// nbytes from src on src_device to dst on dst_device, at least one of them a CUDA device, queued
+// on the device's stream; returns once dst holds them where dst is host memory, and once src may
+// be reused where src is.
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                size_t nbytes);
+}  // namespace detail
+
 }  // namespace cuda
 
 // Throws an Error naming `op` unless `device` can hold tensors here: the CPU always can; a CUDA
-// device needs a usable GPU with that index.
+// device needs a build with CUDA and a usable GPU with that index.
 void check_device(const Device& device, std::string_view op);
 
 }  // namespace ember

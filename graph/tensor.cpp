@@ -108,6 +108,10 @@ size_t physical_memory() {
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   check_device(device_, "tensor");
+  if (device_.is_cuda()) {
+    data_ = cuda::detail::allocate(device_, nbytes);
+    return;
+  }
   EMBER_CHECK(nbytes <= physical_memory(),
               "tensor: cannot allocate {} bytes ({:.1f} GiB): the machine has {:.1f} GiB of memory",
               nbytes, nbytes / 1073741824.0, physical_memory() / 1073741824.0);
@@ -119,6 +123,10 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 }
 
 Storage::~Storage() {
+  if (device_.is_cuda()) {
+    cuda::detail::free(device_, data_);
+    return;
+  }
   const size_t rounded = rounded_bytes(nbytes_);
   if (!buffer_cache().give(data_, rounded)) std::free(data_);
 }
@@ -256,6 +264,14 @@ template <class T>
 T* Tensor::data() const {
   EMBER_CHECK(defined(), "data: undefined tensor");
   EMBER_CHECK(dtype() == dtype_of<T>(), "data: tensor is {}, asked for {}", dtype(), dtype_of<T>());
+  // Note [CPU kernels and devices]
+  // Every kernel reads and writes its tensors through data<T>(): on a tensor of another device
+  // that would be a device address, so here the CPU kernels of ops without a CUDA kernel yet
+  // refuse it.
+  EMBER_CHECK(impl_->storage->device().is_cpu(),
+              "a CPU kernel was given a tensor of shape {} on {}: this op has no kernel for that "
+              "device yet; move the tensor with .cpu()",
+              shape(), device());
   return static_cast<T*>(impl_->storage->data()) + impl_->offset;
 }
 template float* Tensor::data<float>() const;
@@ -268,6 +284,7 @@ template bool* Tensor::data<bool>() const;
 template <class T>
 T Tensor::item() const {
   EMBER_CHECK(defined(), "item: undefined tensor");
+  if (!device().is_cpu()) return cpu().item<T>();
   EMBER_CHECK(numel() == 1,
               "item: only one-element tensors can be converted to a scalar, got "
               "shape {}",
@@ -282,6 +299,7 @@ template bool Tensor::item<bool>() const;
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   EMBER_CHECK(defined(), "to_vector: undefined tensor");
+  if (!device().is_cpu()) return cpu().to_vector<T>();
   Tensor c = to(dtype_of<T>()).contiguous();
   const T* p = c.data<T>();
   return std::vector<T>(p, p + c.numel());
@@ -368,8 +386,10 @@ void print_dim(std::ostream& os, const T* p, const Tensor& t, int64_t d, int64_t
 std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "tensor(undefined)";
   os << "tensor(";
-  dispatch_all(t.dtype(), [&]<class T>() { print_dim(os, t.data<T>(), t, 0, 7); });
+  const Tensor host = t.device().is_cpu() ? t : t.detach().cpu();
+  dispatch_all(t.dtype(), [&]<class T>() { print_dim(os, host.data<T>(), host, 0, 7); });
   os << fmt::format(", shape={}, dtype={}", t.shape(), t.dtype());
+  if (!t.device().is_cpu()) os << fmt::format(", device={}", t.device());
   if (t.requires_grad()) os << ", requires_grad=true";
   return os << ')';
 }

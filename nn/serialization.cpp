@@ -649,7 +649,7 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     EMBER_CHECK(t.defined(), "save: tensor '{}' is undefined", name);
     EMBER_CHECK(name != "__metadata__" && names.insert(name).second,
                 "save: the name '{}' appears twice or is reserved", name);
-    const Tensor c = t.detach().contiguous();
+    const Tensor c = t.detach().cpu().contiguous();  // written from the host
     const uint64_t nbytes = c.numel() * element_size(c.dtype());
     header[name] = {{"dtype", format_dtype(c.dtype())},
                     {"shape", c.shape()},

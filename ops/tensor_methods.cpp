@@ -33,6 +33,16 @@ struct ToBackward final : Node {
   bool differentiable_backward() const override { return true; }
 };
 
+// to(Device[, DType]): the gradient goes back to the input's device and dtype.
+struct ToDeviceBackward final : Node {
+  explicit ToDeviceBackward(Device source) : source_(source) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {grads[0].to(source_, input_dtypes[0])};
+  }
+  bool differentiable_backward() const override { return true; }
+  Device source_;
+};
+
 // clone/contiguous: the identity on values.
 struct CloneBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
@@ -60,10 +70,31 @@ Tensor Tensor::to(const Device& target, DType dtype) const {
   constexpr std::string_view op = "to";
   EMBER_CHECK(defined(), "{}: undefined tensor", op);
   if (target == device()) return to(dtype);
-  // Copies between devices come with the CUDA backend's storage; until then check_device refuses
-  // every device but the CPU, saying why (Note [CUDA availability] in graph/device.h).
   check_device(target, op);
-  throw Error(fmt::format("{}: no copy from {} to {} in this build", op, device(), target));
+  const Tensor x = detach();  // one node below records the whole move
+  Tensor out;
+  if (x.device().is_cpu()) {
+    // to a GPU: converted and laid out on the host, then one copy
+    const Tensor src = x.to(dtype).contiguous();
+    out = empty(src.shape(), dtype, target);
+    cuda::detail::copy_bytes(out.impl()->storage->data(), target, src.impl()->storage->data(), kCPU,
+                             static_cast<size_t>(src.numel()) * element_size(dtype));
+  } else {
+    // from a GPU: the stretch of storage the view spans to the host, the same view there, then
+    // on from the host
+    int64_t span = x.numel() == 0 ? 0 : 1;
+    for (int64_t d = 0; d < x.dim() && span > 0; ++d) span += (x.size(d) - 1) * x.stride(d);
+    const Tensor host = empty({span}, x.dtype());
+    const size_t itemsize = element_size(x.dtype());
+    cuda::detail::copy_bytes(
+        host.impl()->storage->data(), kCPU,
+        static_cast<const char*>(x.impl()->storage->data()) + x.storage_offset() * itemsize,
+        x.device(), static_cast<size_t>(span) * itemsize);
+    const Tensor view = make_view(host, x.shape(), x.strides(), 0);
+    out = target.is_cpu() ? view.to(dtype).contiguous() : view.to(target, dtype);
+  }
+  if (!is_floating(dtype)) return out;
+  return record<ToDeviceBackward>(op, out, {*this}, device());
 }
 
 Tensor Tensor::clone() const {

@@ -2,8 +2,14 @@
 // creation on a device, Module::to(Device), and what a build or machine without a usable GPU
 // says when asked for one (Note [CUDA availability] in graph/device.h). The cases that need no
 // GPU skip with one line where there is one.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
 #include <sstream>
+#include <thread>
 
+#include "graph/caching_allocator.h"
 #include "helpers.h"
 
 using namespace ember;
@@ -16,6 +22,31 @@ void expect_equal(const Tensor& a, const Tensor& b) {
   BOOST_TEST((a.dtype() == b.dtype()), fmt::format("dtype {} vs {}", a.dtype(), b.dtype()));
   expect_close(a, b, 0, 0);
 }
+
+// A driver of `capacity` bytes that counts what it is asked: the caching allocator's backend in
+// the tests (a GPU's is cudaMalloc/cudaFree).
+struct FakeDriver {
+  explicit FakeDriver(std::set<void*>& alive, size_t capacity = SIZE_MAX)
+      : capacity(capacity), alive(&alive) {}
+  size_t capacity, in_use = 0;
+  std::set<void*>* alive;  // what the driver handed out and has not got back
+  std::map<void*, size_t> sizes;
+  void* alloc(size_t bytes) {
+    if (in_use + bytes > capacity) return nullptr;
+    void* p = std::malloc(bytes);
+    in_use += bytes;
+    sizes[p] = bytes;
+    alive->insert(p);
+    return p;
+  }
+  void release(void* p) {
+    BOOST_TEST_REQUIRE(alive->erase(p) == 1u, "the driver got back a block it did not give");
+    in_use -= sizes.at(p);
+    sizes.erase(p);
+    std::free(p);
+  }
+  std::string name() const { return "fake:0"; }
+};
 
 // True (and one line in the log) where a GPU is usable: the no-GPU cases skip there.
 bool gpu_present() {
@@ -161,6 +192,8 @@ BOOST_AUTO_TEST_CASE(no_gpu_errors) {
   expect_error([] { normal(0, 1, {2}, kFloat32, kCUDA); }, {"normal", "cuda:0"});
   expect_error([] { randint(0, 3, {2}, kCUDA); }, {"randint", "cuda:0"});
   expect_error([] { empty({2}, kFloat32, kCUDA); }, {"tensor", "cuda:0"});
+  expect_error([] { cuda::memory_stats(); }, {"cuda::memory_stats", "cuda:0", why});
+  cuda::empty_cache();  // nothing to return
   // A refused move leaves the module as it was.
   nn::Linear lin(3, 2);
   const Tensor before = lin.weight.clone();
@@ -169,6 +202,161 @@ BOOST_AUTO_TEST_CASE(no_gpu_errors) {
   BOOST_TEST((lin.weight.device() == kCPU));
   BOOST_TEST((lin.weight.dtype() == kFloat32));
   expect_equal(lin.weight, before);
+}
+
+// Tensors on a GPU, where there is one: copies both ways (views, dtypes, gradients), values
+// read through the host, the caching allocator's books, and the CPU kernels' refusal.
+BOOST_AUTO_TEST_CASE(gpu_tensors) {
+  if (!cuda::is_available()) {
+    BOOST_TEST_MESSAGE("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  const Tensor x = randn({3, 5}, kFloat64);
+  const Tensor g = x.cuda();
+  BOOST_TEST(g.is_cuda());
+  BOOST_TEST((g.device() == kCUDA));
+  BOOST_TEST(g.to(kCUDA).same(g));
+  expect_equal(g.cpu(), x);
+  expect_equal(g.to(kCPU, kFloat32), x.to(kFloat32));
+  expect_equal(x.to(kCUDA, kFloat32).cpu(), x.to(kFloat32));
+  // a non-contiguous view each way
+  expect_equal(x.transpose(0, 1).cuda().cpu(), x.transpose(0, 1).contiguous());
+  expect_equal(g.transpose(0, 1).narrow(0, 1, 3).cpu(), x.transpose(0, 1).narrow(0, 1, 3));
+  expect_equal(zeros({0, 4}, kFloat32, kCUDA).cpu(), zeros({0, 4}));
+  // creation on the device
+  expect_equal(full({2, 2}, 3, kInt64, kCUDA).cpu(), full({2, 2}, 3, kInt64));
+  manual_seed(3);
+  const Tensor r = randn({4}, kFloat32, kCUDA);
+  manual_seed(3);
+  expect_equal(r.cpu(), randn({4}));
+  // values through the host
+  BOOST_TEST(g.select(0, 1).select(0, 2).item<double>() ==
+             x.select(0, 1).select(0, 2).item<double>());
+  BOOST_TEST((g.to_vector<double>() == x.to_vector<double>()));
+  std::ostringstream os;
+  os << g;
+  BOOST_TEST(os.str().find("device=cuda:0") != std::string::npos, os.str());
+  // the gradient goes back to the input's device and dtype
+  const Tensor w = randn({3}, kFloat32).requires_grad_();
+  const Tensor moved = w.to(kCUDA, kFloat64);
+  moved.cpu().sum().backward();
+  BOOST_TEST((w.grad().device() == kCPU));
+  BOOST_TEST((w.grad().dtype() == kFloat32));
+  expect_equal(w.grad(), ones({3}));
+  // a module and back
+  nn::Linear lin(3, 2);
+  const Tensor weight = lin.weight, before = weight.clone();
+  lin.to(kCUDA);
+  BOOST_TEST(weight.is_cuda());
+  lin.to(kCPU);
+  expect_equal(weight, before);
+  // the same sizes again: served from the cache, no new cudaMalloc
+  for (int i = 0; i < 3; ++i) (void)zeros({256, 256}, kFloat32, kCUDA);
+  const cuda::MemoryStats before_stats = cuda::memory_stats();
+  for (int i = 0; i < 10; ++i) (void)zeros({256, 256}, kFloat32, kCUDA);
+  const cuda::MemoryStats after_stats = cuda::memory_stats();
+  BOOST_TEST(after_stats.driver_allocs == before_stats.driver_allocs);
+  BOOST_TEST(after_stats.cache_hits >= before_stats.cache_hits + 10);
+  cuda::empty_cache();
+  BOOST_TEST(cuda::memory_stats().reserved_bytes == cuda::memory_stats().allocated_bytes);
+  cuda::synchronize();
+  // an op without a CUDA kernel refuses the device's tensors rather than reading them
+  expect_error([&] { (void)exp(g); }, {"CPU kernel", "cuda:0", ".cpu()"});
+  expect_error([&] { lin.to(Device(DeviceType::CUDA, cuda::device_count())); },
+               {"to", "CUDA device(s)"});
+}
+
+BOOST_AUTO_TEST_CASE(caching_allocator_sizes) {
+  using A = CachingAllocator<FakeDriver>;
+  BOOST_TEST(A::rounded_size(0) == 512u);
+  BOOST_TEST(A::rounded_size(1) == 512u);
+  BOOST_TEST(A::rounded_size(512) == 512u);
+  BOOST_TEST(A::rounded_size(513) == 1024u);
+  BOOST_TEST(A::rounded_size((1u << 20) - 1) == size_t(1) << 20);
+  BOOST_TEST(A::rounded_size(1u << 20) == size_t(1) << 20);
+  BOOST_TEST(A::rounded_size((1u << 20) + 1) == (size_t(5) << 18));  // 1.25 MiB
+  BOOST_TEST(A::rounded_size(3u << 20) == (size_t(3) << 20));
+  BOOST_TEST(A::rounded_size((3u << 20) + 1) == (size_t(7) << 19));  // 3.5 MiB
+  BOOST_TEST(A::rounded_size(size_t(100) << 20) == (size_t(112) << 20));
+  // never less than asked, at most a quarter more above 1 MiB
+  for (size_t n = 1; n < (size_t(1) << 34); n = n * 3 + 7) {
+    const size_t r = A::rounded_size(n);
+    BOOST_TEST(r >= n);
+    if (n >= (1u << 20)) BOOST_TEST(r <= n + n / 4 + 1, n);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(caching_allocator_reuses_and_frees_on_demand) {
+  std::set<void*> alive;
+  {
+    CachingAllocator<FakeDriver> a{FakeDriver(alive, 10000)};
+    // A training step's pattern: the same sizes each iteration; after the first, no driver call.
+    for (int step = 0; step < 5; ++step) {
+      void* x = a.allocate(1000);
+      void* y = a.allocate(3000);
+      void* z = a.allocate(1000);
+      BOOST_TEST(x != z);
+      a.free(y);
+      void* w = a.allocate(2900);  // rounds to y's 3072: y's block again
+      BOOST_TEST(w == y);
+      a.free(x), a.free(z), a.free(w);
+    }
+    AllocatorStats s = a.stats();
+    BOOST_TEST(s.driver_allocs == 3);  // 1024, 1024, 3072
+    BOOST_TEST(s.requests == 20);
+    BOOST_TEST(s.cache_hits == 17);
+    BOOST_TEST(s.allocated_bytes == 0u);
+    BOOST_TEST(s.reserved_bytes == 5120u);
+    BOOST_TEST(a.backend().in_use == 5120u);
+    // Out of memory with blocks cached: they go back to the driver, and the request is served.
+    void* big = a.allocate(9000);
+    s = a.stats();
+    BOOST_TEST(s.driver_frees == 3);
+    BOOST_TEST(s.reserved_bytes == 9216u);
+    BOOST_TEST(s.allocated_bytes == 9216u);
+    // Out of memory with nothing cached: an Error naming the device and the sizes.
+    expect_error([&] { a.allocate(2000); }, {"fake:0", "out of memory", "2000 bytes"});
+    a.free(big);
+    expect_error([&] { a.free(big); }, {"fake:0", "did not hand out"});
+    int local = 0;
+    expect_error([&] { a.free(&local); }, {"fake:0", "did not hand out"});
+    a.empty_cache();
+    BOOST_TEST(a.stats().reserved_bytes == 0u);
+    BOOST_TEST(alive.empty());
+    a.allocate(100);  // held at the allocator's end, which returns nothing (a device's lives
+                      // as long as the process)
+  }
+  BOOST_TEST(alive.size() == 1u);
+  for (void* p : alive) std::free(p);
+}
+
+BOOST_AUTO_TEST_CASE(caching_allocator_threads) {
+  // Four threads allocating and freeing at once: every block handed out is distinct while held,
+  // and the books balance at the end.
+  std::set<void*> alive;
+  CachingAllocator<FakeDriver> a{FakeDriver(alive)};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&a, t] {
+      std::vector<void*> held;
+      for (int i = 0; i < 2000; ++i) {
+        held.push_back(a.allocate(512 * (1 + (i + t) % 7)));
+        std::memset(held.back(), t, 512);
+        if (held.size() > 5) {
+          a.free(held.front());
+          held.erase(held.begin());
+        }
+      }
+      for (void* p : held) a.free(p);
+    });
+  for (std::thread& t : threads) t.join();
+  const AllocatorStats s = a.stats();
+  BOOST_TEST(s.allocated_bytes == 0u);
+  BOOST_TEST(s.requests == 8000);
+  BOOST_TEST(s.driver_allocs + s.cache_hits == s.requests);
+  BOOST_TEST(s.driver_allocs <= 4 * 6 * 7);  // at most what four threads hold at once, per size
+  a.empty_cache();
+  BOOST_TEST(alive.empty());
 }
 
 BOOST_AUTO_TEST_CASE(seeds) {
