@@ -2,6 +2,7 @@
 // reading a whole file, and expecting an ember::Error whose message contains given text.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -50,13 +51,20 @@ inline void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, d
   BOOST_TEST(worst <= 0.0, what << ": element " << at << " is " << x[at] << ", expected " << y[at]);
 }
 
+// tests/golden: where the build saw it, or $EMBER_GOLDEN_DIR where the binary runs elsewhere (a
+// GPU machine with a copy of the repository, tools/gpu-check.sh).
+inline std::string golden_dir() {
+  const char* dir = std::getenv("EMBER_GOLDEN_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : EMBER_GOLDEN_DIR;
+}
+
 // Golden values written by tests/golden/*.py with PyTorch: {"name": {"shape": [...],
 // "dtype": "float64"|"int64"|"bool", "data": [...]}} (NaN as "nan", infinities "inf", "-inf"),
 // or {"name": {"text": "..."}}.
 class Golden {
  public:
   explicit Golden(const std::string& file) {
-    std::ifstream in(std::string(EMBER_GOLDEN_DIR) + "/" + file);
+    std::ifstream in(golden_dir() + "/" + file);
     BOOST_TEST_REQUIRE(in.good(), "cannot open golden file " << file);
     json_ = nlohmann::json::parse(in);
   }

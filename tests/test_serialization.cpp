@@ -198,7 +198,7 @@ BOOST_AUTO_TEST_CASE(python_written_file_loads) {
     zeroed.emplace_back(name, zeros(g.shape(), dtype));
   }
   auto module = module_of(zeroed, {"pe"});
-  const std::string path = std::string(EMBER_GOLDEN_DIR) + "/interop.safetensors";
+  const std::string path = golden_dir() + "/interop.safetensors";
   nn::load(*module, path);
   for (const auto& [name, t] : module->state_dict()) {
     expect_close(t.to(kFloat64), golden[name].to(kFloat64), 0, 0, name);

@@ -24,7 +24,7 @@ constexpr int64_t kWarmup = 100;
 constexpr int kEpochs = 8;
 
 std::string golden_path(const std::string& file) {
-  return fmt::format("{}/{}", EMBER_GOLDEN_DIR, file);
+  return fmt::format("{}/{}", golden_dir(), file);
 }
 
 // A padded source batch (pad 0) of B rows and length S over tokens 1..V-1, deterministic.

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU run of issue 35, the same every time: build here, carry the bundle, run it there.
+#
+#   tools/gpu-check.sh bundle   # here: a portable CUDA build (no -march=native: the GPU machine's
+#                               # processor may lack this one's AVX-512 subsets) into build-gpu/,
+#                               # then gpu-bundle/: its test and example binaries and the shared
+#                               # libraries they need beyond the base system (ldd)
+#   tools/gpu-check.sh run      # there, from the repository root, with gpu-bundle/ carried: the
+#                               # machine (nvidia-smi, the processor) and the device suite, to
+#                               # logs under $OUT (default out/gpu-check); the op tables' CUDA
+#                               # rows join it as the backend's kernels land
+#
+# The GPU machine has CUDA's driver, none of Ember's Debian packages and no network: the bundle
+# carries OpenBLAS, fmt, Boost.Test, libgomp, libgfortran and the CUDA runtime Ember was built
+# against. A suite's CUDA cases skip with one line where no GPU is usable, so `run` works here
+# too (as a check of the bundle).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+BUNDLE=gpu-bundle
+case "${1:-}" in
+bundle)
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DEMBER_NATIVE=OFF -DEMBER_CUDA=ON \
+    -DEMBER_MPI=OFF >/dev/null
+  cmake --build build-gpu -j"$(nproc)" --target ember_tests transformer_copy char_lm pinn
+  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/lib"
+  cp build-gpu/tests/ember_tests build-gpu/examples/{transformer_copy,char_lm,pinn} "$BUNDLE/"
+  # every library the binaries load except the C library's own and libstdc++/libgcc_s (the GPU
+  # machine's are newer, and backward compatible)
+  for bin in "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy; do ldd "$bin"; done |
+    awk '$3 ~ /^\// { print $3 }' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+    while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
+  echo "/$BUNDLE/" >>.git/info/exclude
+  sort -u .git/info/exclude -o .git/info/exclude
+  du -sh "$BUNDLE"
+  ;;
+run)
+  OUT=${OUT:-out/gpu-check}
+  mkdir -p "$OUT"
+  export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export EMBER_GOLDEN_DIR="$ROOT/tests/golden"
+  { nvidia-smi || echo "no nvidia-smi"; lscpu | sed -n 's/^Model name: *//p'; } >"$OUT/machine.txt" 2>&1
+  status=0
+  "$BUNDLE/ember_tests" --run_test=test_device --log_level=message >"$OUT/device.log" 2>&1 ||
+    status=1
+  tail -n 3 "$OUT/device.log"
+  exit "$status"
+  ;;
+*)
+  echo "usage: tools/gpu-check.sh bundle|run" >&2
+  exit 2
+  ;;
+esac
