@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace ember {
 
@@ -50,12 +51,23 @@ Tensor scalar_tensor(double value, DType dtype, const Device& device) {
 
 Tensor full(Shape shape, double value, DType dtype, const Device& device) {
   check_device(device, "full");
-  Tensor out = empty(shape, dtype);
+  Tensor out = empty(shape, dtype, device);
+  if (device.is_cuda()) {  // one kernel on the device: the value's bits, as the host lays them out
+    const uint64_t pattern = dispatch_all(dtype, [&]<class T>() {
+      const T v = cast_value<T>(value);
+      uint64_t bits = 0;
+      std::memcpy(&bits, &v, sizeof(T));
+      return bits;
+    });
+    cuda::detail::fill_bytes(out.impl()->storage->data(), out.numel(), element_size(dtype), pattern,
+                             device);
+    return out;
+  }
   dispatch_all(dtype, [&]<class T>() {
     T* p = out.data<T>();
     std::fill(p, p + out.numel(), cast_value<T>(value));
   });
-  return out.to(device);
+  return out;
 }
 
 Tensor zeros(Shape shape, DType dtype, const Device& device) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/kernels.h"
 #include "graph/caching_allocator.h"
 #endif
 
@@ -229,6 +230,13 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   if (dst_device.is_cpu()) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
+void fill_bytes(void* data, int64_t n, size_t element_size, uint64_t pattern,
+                const Device& device) {
+  DeviceGuard guard(device.index());
+  const int status = kernels::fill(data, n, element_size, pattern, state(device.index()).stream);
+  check_cuda(static_cast<cudaError_t>(status), "the fill kernel's launch");
+}
+
 }  // namespace detail
 
 #else  // built without the CUDA toolkit
@@ -264,6 +272,10 @@ void free(const Device& device, void*) {
 void copy_bytes(void*, const Device& dst_device, const void*, const Device& src_device, size_t) {
   throw Error(fmt::format("cuda: cannot copy from {} to {}: {}", src_device, dst_device,
                           unavailable_reason()));
+}
+
+void fill_bytes(void*, int64_t, size_t, uint64_t, const Device& device) {
+  throw Error(fmt::format("cuda: cannot fill on {}: {}", device, unavailable_reason()));
 }
 
 }  // namespace detail

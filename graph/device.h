@@ -88,6 +88,9 @@ void free(const Device& device, void* p);
 // be reused where src is.
 void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
                 size_t nbytes);
+// n elements of element_size bytes at data, on `device`, each set to the low bytes of pattern
+// (cuda/fill.cu), queued on the device's stream.
+void fill_bytes(void* data, int64_t n, size_t element_size, uint64_t pattern, const Device& device);
 }  // namespace detail
 
 }  // namespace cuda
