@@ -242,7 +242,7 @@ void SGD::step() {
       const Tensor& param = params_[i];
       if (!param.grad().defined()) continue;
       const bool first = !momentum_buffers_[i].defined();
-      if (o.momentum != 0 && first) momentum_buffers_[i] = zeros(param.shape(), param.dtype());
+      if (o.momentum != 0 && first) momentum_buffers_[i] = zeros_like(param);
       update_in_place(param, [&]<class T>(T* p, const T* g, int64_t n) {
         const T lr = T(group_lr), wd = T(o.weight_decay), mu = T(o.momentum);
         const T keep = T(1 - o.dampening);
@@ -357,8 +357,8 @@ void Adam::step() {
       const Tensor& param = params_[i];
       if (!param.grad().defined()) continue;
       if (!exp_avg_[i].defined()) {
-        exp_avg_[i] = zeros(param.shape(), param.dtype());
-        exp_avg_sq_[i] = zeros(param.shape(), param.dtype());
+        exp_avg_[i] = zeros_like(param);
+        exp_avg_sq_[i] = zeros_like(param);
       }
       const int64_t t = ++steps_[i];
       const double step_size = lr / (1 - std::pow(o.beta1, static_cast<double>(t)));
