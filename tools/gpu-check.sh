@@ -3,9 +3,11 @@
 #
 #   tools/gpu-check.sh bundle   # here: a portable CUDA build (no -march=native: the GPU machine's
 #                               # processor may lack this one's AVX-512 subsets) into build-gpu/,
-#                               # then gpu-bundle/: its test and example binaries and the shared
-#                               # libraries they need beyond the base system (ldd)
-#   tools/gpu-check.sh run      # there, from the repository root, with gpu-bundle/ carried: the
+#                               # then gpu-bundle.tar.xz: its test and example binaries and the
+#                               # shared libraries they need beyond the base system (ldd), 12 MB
+#                               # packed (66 MB unpacked, over what a device call carries)
+#   tools/gpu-check.sh run      # there, from the repository root, gpu-bundle.tar.xz carried (the
+#                               # device tool's carry: ["gpu-bundle.tar.xz"], it is ignored): the
 #                               # machine (nvidia-smi, the processor) and the device suite, to
 #                               # logs under $OUT (default out/gpu-check); the op tables' CUDA
 #                               # rows join it as the backend's kernels land
@@ -23,7 +25,7 @@ bundle)
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DEMBER_NATIVE=OFF -DEMBER_CUDA=ON \
     -DEMBER_MPI=OFF >/dev/null
   cmake --build build-gpu -j"$(nproc)" --target ember_tests transformer_copy char_lm pinn
-  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/lib"
+  rm -rf "$BUNDLE" "$BUNDLE.tar.xz" && mkdir -p "$BUNDLE/lib"
   cp build-gpu/tests/ember_tests build-gpu/examples/{transformer_copy,char_lm,pinn} "$BUNDLE/"
   # every library the binaries load except the C library's own and libstdc++/libgcc_s (the GPU
   # machine's are newer, and backward compatible)
@@ -31,18 +33,24 @@ bundle)
     awk '$3 ~ /^\// { print $3 }' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
     while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
-  echo "/$BUNDLE/" >>.git/info/exclude
-  sort -u .git/info/exclude -o .git/info/exclude
-  du -sh "$BUNDLE"
+  strip "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy "$BUNDLE"/char_lm "$BUNDLE"/pinn
+  tar -cJf "$BUNDLE.tar.xz" "$BUNDLE" && rm -rf "$BUNDLE"
+  for ignored in "/$BUNDLE/" "/$BUNDLE.tar.xz"; do
+    grep -qxF "$ignored" .git/info/exclude || echo "$ignored" >>.git/info/exclude
+  done
+  ls -l "$BUNDLE.tar.xz"
   ;;
 run)
   OUT=${OUT:-out/gpu-check}
   mkdir -p "$OUT"
-  export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  UNPACKED=$(mktemp -d)
+  tar -C "$UNPACKED" -xJf "$BUNDLE.tar.xz"
+  BIN="$UNPACKED/$BUNDLE"
+  export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export EMBER_GOLDEN_DIR="$ROOT/tests/golden"
   { nvidia-smi || echo "no nvidia-smi"; lscpu | sed -n 's/^Model name: *//p'; } >"$OUT/machine.txt" 2>&1
   status=0
-  "$BUNDLE/ember_tests" --run_test=test_device --log_level=message >"$OUT/device.log" 2>&1 ||
+  "$BIN/ember_tests" --run_test=test_device --log_level=message >"$OUT/device.log" 2>&1 ||
     status=1
   tail -n 3 "$OUT/device.log"
   exit "$status"
