@@ -19,8 +19,7 @@ void check_mpi(int rc, std::string_view op);
 inline char* bytes(const Tensor& t) {
   EMBER_CHECK(t.device().is_cpu(), "distributed: a tensor on {}: only CPU tensors so far",
               t.device());
-  return static_cast<char*>(t.impl()->storage->data()) +
-         t.storage_offset() * static_cast<int64_t>(element_size(t.dtype()));
+  return static_cast<char*>(t.data_bytes());
 }
 // Throws naming `op` unless this thread may call MPI (the one that initialised it under
 // MPI_THREAD_FUNNELED, any under MPI_THREAD_MULTIPLE).

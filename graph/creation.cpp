@@ -59,8 +59,7 @@ Tensor full(Shape shape, double value, DType dtype, const Device& device) {
       std::memcpy(&bits, &v, sizeof(T));
       return bits;
     });
-    cuda::detail::fill_bytes(out.impl()->storage->data(), out.numel(), element_size(dtype), pattern,
-                             device);
+    cuda::detail::fill_bytes(out.data_bytes(), out.numel(), element_size(dtype), pattern, device);
     return out;
   }
   dispatch_all(dtype, [&]<class T>() {

@@ -274,6 +274,12 @@ T* Tensor::data() const {
               shape(), device());
   return static_cast<T*>(impl_->storage->data()) + impl_->offset;
 }
+void* Tensor::data_bytes() const {
+  EMBER_CHECK(defined(), "data_bytes: undefined tensor");
+  return static_cast<char*>(impl_->storage->data()) +
+         impl_->offset * static_cast<int64_t>(element_size(impl_->dtype));
+}
+
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int64_t* Tensor::data<int64_t>() const;

@@ -103,9 +103,13 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  // Typed pointer to the first element (at the storage offset); T must match dtype().
+  // Typed pointer to the first element (at the storage offset); T must match dtype(), and the
+  // tensor must be on the CPU (Note [CPU kernels and devices] in graph/tensor.cpp).
   template <class T>
   T* data() const;
+  // The address of the first element on whatever device holds it, untyped: for copies between
+  // devices (a device address is no host pointer).
+  void* data_bytes() const;
 
   // --- values
   template <class T>

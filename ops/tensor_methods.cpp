@@ -75,9 +75,9 @@ Tensor Tensor::to(const Device& target, DType dtype) const {
   Tensor out;
   if (x.device().is_cpu()) {
     // to a GPU: converted and laid out on the host, then one copy
-    const Tensor src = x.to(dtype).contiguous();
+    const Tensor src = x.to(dtype).contiguous();  // may be a view at an offset (a narrow)
     out = empty(src.shape(), dtype, target);
-    cuda::detail::copy_bytes(out.impl()->storage->data(), target, src.impl()->storage->data(), kCPU,
+    cuda::detail::copy_bytes(out.data_bytes(), target, src.data_bytes(), kCPU,
                              static_cast<size_t>(src.numel()) * element_size(dtype));
   } else {
     // from a GPU: the stretch of storage the view spans to the host, the same view there, then
@@ -86,10 +86,8 @@ Tensor Tensor::to(const Device& target, DType dtype) const {
     for (int64_t d = 0; d < x.dim() && span > 0; ++d) span += (x.size(d) - 1) * x.stride(d);
     const Tensor host = empty({span}, x.dtype());
     const size_t itemsize = element_size(x.dtype());
-    cuda::detail::copy_bytes(
-        host.impl()->storage->data(), kCPU,
-        static_cast<const char*>(x.impl()->storage->data()) + x.storage_offset() * itemsize,
-        x.device(), static_cast<size_t>(span) * itemsize);
+    cuda::detail::copy_bytes(host.data_bytes(), kCPU, x.data_bytes(), x.device(),
+                             static_cast<size_t>(span) * itemsize);
     const Tensor view = make_view(host, x.shape(), x.strides(), 0);
     out = target.is_cpu() ? view.to(dtype).contiguous() : view.to(target, dtype);
   }

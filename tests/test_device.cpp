@@ -116,6 +116,10 @@ BOOST_AUTO_TEST_CASE(tensors_know_their_device) {
   y.sum().backward();
   BOOST_TEST((w.grad().dtype() == kFloat32));
   expect_equal(w.grad(), ones({2, 3}));
+  // data_bytes: the first element's address, the view's offset counted
+  const Tensor rows = x.narrow(0, 1, 1);
+  BOOST_TEST(rows.data_bytes() == static_cast<void*>(x.data<float>() + 3));
+  BOOST_TEST(rows.data_bytes() == static_cast<void*>(rows.data<float>()));
   expect_error([] { Tensor().to(kCPU); }, {"to", "undefined"});
   expect_error([] { (void)Tensor().device(); }, {"device", "undefined"});
 }
@@ -221,6 +225,7 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   expect_equal(x.to(kCUDA, kFloat32).cpu(), x.to(kFloat32));
   // a non-contiguous view each way
   expect_equal(x.transpose(0, 1).cuda().cpu(), x.transpose(0, 1).contiguous());
+  expect_equal(x.narrow(0, 1, 2).cuda().cpu(), x.narrow(0, 1, 2));  // contiguous, at an offset
   expect_equal(g.transpose(0, 1).narrow(0, 1, 3).cpu(), x.transpose(0, 1).narrow(0, 1, 3));
   expect_equal(zeros({0, 4}, kFloat32, kCUDA).cpu(), zeros({0, 4}));
   // creation on the device
