@@ -729,7 +729,9 @@ void load(Module& module, const std::string& path, bool strict) {
 
   // Build every source first so nothing can fail once the module starts changing.
   std::vector<Tensor> sources;
-  for (const auto& m : matched) sources.push_back(make_tensor(f, *m.second, "load"));
+  // (On the module's device: the host's bytes go to a GPU's here, Module::to's way.)
+  for (const auto& m : matched)
+    sources.push_back(make_tensor(f, *m.second, "load").to(m.first.device()));
   NoGradGuard no_grad;
   for (size_t i = 0; i < matched.size(); ++i) matched[i].first.copy_(sources[i]);
 }

@@ -1036,8 +1036,30 @@ Tensor& Tensor::mul_(double value) {
 namespace {
 // copy_ converts to the tensor's dtype, as torch's; zero_ and fill_ write one value into every
 // element, so an expanded view may take them.
+// copy_ where a tensor is on a GPU: src broadcast and converted on the host, then one copy into
+// self's memory, which must be contiguous there (no strided GPU kernel yet). Until the elementwise
+// kernels have a CUDA side, this is how values reach a GPU tensor in place (nn::load).
+Tensor& copy_across_devices(Tensor& self, const Tensor& src, std::string_view op) {
+  const Tensor staged = src.detach().cpu().expand(self.shape()).to(self.dtype()).contiguous();
+  if (self.device().is_cpu()) {
+    copy_into(self, staged);
+  } else {
+    EMBER_CHECK(self.is_contiguous(),
+                "{}: writing into a non-contiguous tensor of shape {} on {} is not supported yet",
+                op, self.shape(), self.device());
+    cuda::detail::copy_bytes(self.data_bytes(), self.device(), staged.data_bytes(), kCPU,
+                             static_cast<size_t>(staged.numel()) * element_size(staged.dtype()));
+  }
+  self.impl()->storage->bump_version();
+  return self;
+}
+
 Tensor& inplace_copy(Tensor& self, const Tensor& src, std::string_view op) {
   check_inplace(self, op);
+  if (!self.device().is_cpu() || (src.defined() && !src.device().is_cpu())) {
+    check_inplace_operand(self, src, op);
+    return copy_across_devices(self, src, op);
+  }
   if (op == "copy_") check_no_internal_overlap(self, op);
   check_inplace_operand(self, src, op);
   copy_into(self, src);

@@ -4,6 +4,7 @@
 // GPU skip with one line where there is one.
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 using namespace ember;
 using namespace ember::testing;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -255,6 +257,20 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   BOOST_TEST(weight.is_cuda());
   lin.to(kCPU);
   expect_equal(weight, before);
+  // values into a GPU tensor in place, and a checkpoint onto a GPU module
+  Tensor dst = zeros({2, 3}, kFloat32, kCUDA);
+  dst.copy_(tensor({1, 2, 3}));  // broadcast and converted on the way
+  expect_equal(dst.cpu(), tensor({1, 2, 3}).expand({2, 3}).contiguous());
+  dst.zero_();
+  expect_equal(dst.cpu(), zeros({2, 3}));
+  nn::Linear saved(3, 2), loaded(3, 2);
+  const fs::path file = fs::temp_directory_path() / "ember_test_device_linear.safetensors";
+  nn::save(saved, file.string());
+  loaded.to(kCUDA);
+  nn::load(loaded, file.string());
+  BOOST_TEST(loaded.weight.is_cuda());
+  expect_equal(loaded.weight.cpu(), saved.weight);
+  fs::remove(file);
   // the same sizes again: served from the cache, no new cudaMalloc
   for (int i = 0; i < 3; ++i) (void)zeros({256, 256}, kFloat32, kCUDA);
   const cuda::MemoryStats before_stats = cuda::memory_stats();
