@@ -24,10 +24,19 @@ inline void check_floating(const Tensor& t, std::string_view op) {
               t.shape());
 }
 
+// Two operands of one op on one device, as torch ("Expected all tensors to be on the same
+// device"): an op whose inputs span devices is an Error naming it and both devices.
+inline void check_same_device(const Tensor& a, const Tensor& b, std::string_view op) {
+  EMBER_CHECK(a.device() == b.device(),
+              "{}: expected all tensors on one device, got {} and {} (shapes {} and {})", op,
+              a.device(), b.device(), a.shape(), b.shape());
+}
+
 // The dtype two floating operands compute in (matmul, losses).
 inline DType floating_type(const Tensor& a, const Tensor& b, std::string_view op) {
   check_defined(a, op);
   check_defined(b, op);
+  check_same_device(a, b, op);
   EMBER_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
               "{}: expected Float32 or Float64 tensors, got {} and {} (shapes {} and {})", op,
               a.dtype(), b.dtype(), a.shape(), b.shape());

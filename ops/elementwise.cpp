@@ -77,6 +77,7 @@ Tensor arith(const Tensor& a, const Tensor& b, std::string_view op, Integral int
   profile::Scope scope(op);
   check_defined(a, op);
   check_defined(b, op);
+  check_same_device(a, b, op);
   const DType t = arith_type(a, b, integral);
   const Tensor x = as_type(a, t), y = as_type(b, t);
   Tensor out = dispatch_all(t, [&]<class T>() { return zip<T, T, T>(x, y, op, f); });

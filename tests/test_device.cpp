@@ -281,6 +281,10 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   cuda::empty_cache();
   BOOST_TEST(cuda::memory_stats().reserved_bytes == cuda::memory_stats().allocated_bytes);
   cuda::synchronize();
+  // tensors of two devices in one op: an Error naming the op and both devices
+  expect_error([&] { (void)add(g, x); }, {"add", "one device", "cuda:0", "cpu"});
+  expect_error([&] { (void)matmul(x, g.transpose(0, 1)); },
+               {"matmul", "one device", "cpu", "cuda:0"});
   // an op without a CUDA kernel refuses the device's tensors rather than reading them
   expect_error([&] { (void)exp(g); }, {"CPU kernel", "cuda:0", ".cpu()"});
   expect_error([&] { lin.to(Device(DeviceType::CUDA, cuda::device_count())); },
