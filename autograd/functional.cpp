@@ -60,7 +60,7 @@ void check_tangents(const std::vector<Tensor>& v, const std::vector<Tensor>& inp
 
 // The gradient where one flowed, else zeros of `like`'s shape; detached unless create_graph.
 Tensor finish(const Tensor& grad, const Tensor& like, bool create_graph) {
-  if (!grad.defined()) return zeros(like.shape(), like.dtype());
+  if (!grad.defined()) return zeros(like.shape(), like.dtype(), like.device());
   return create_graph ? grad : grad.detach();
 }
 
@@ -124,9 +124,9 @@ JVP jvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor
   check_tangents(v, inputs, op);
   const std::vector<Tensor> xs = prepare(inputs, create_graph, op);
   const Tensor out = call(f, xs, op);
-  JVP result{create_graph ? out : out.detach(), zeros(out.shape(), out.dtype())};
+  JVP result{create_graph ? out : out.detach(), zeros(out.shape(), out.dtype(), out.device())};
   if (!out.requires_grad()) return result;
-  const Tensor u = zeros(out.shape(), out.dtype()).requires_grad_();
+  const Tensor u = zeros(out.shape(), out.dtype(), out.device()).requires_grad_();
   const std::vector<Tensor> g = grad({out}, xs, {u}, true, true, true);
   std::vector<Tensor> outputs, cotangents;
   for (size_t i = 0; i < g.size(); ++i)
@@ -158,7 +158,7 @@ Tensor jacobian_of(const std::function<Tensor(const Tensor&)>& f, const Tensor& 
   const Tensor out = call([&](const std::vector<Tensor>& in) { return f(in[0]); }, {input}, op);
   Shape shape = out.shape();
   shape.insert(shape.end(), x.shape().begin(), x.shape().end());
-  if (!out.requires_grad() || out.numel() == 0) return zeros(shape, out.dtype());
+  if (!out.requires_grad() || out.numel() == 0) return zeros(shape, out.dtype(), out.device());
   const Tensor units = eye(out.numel(), out.dtype());
   std::vector<Tensor> rows;
   for (int64_t j = 0; j < out.numel(); ++j) {
@@ -181,9 +181,9 @@ Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, b
   const auto gradient = [&](const Tensor& z) {
     const Tensor out = call([&](const std::vector<Tensor>& in) { return f(in[0]); }, {z}, op);
     check_one_element(out, op);
-    if (!out.requires_grad()) return zeros(z.shape(), z.dtype());
+    if (!out.requires_grad()) return zeros(z.shape(), z.dtype(), z.device());
     const Tensor g = grad({out}, {z}, {}, true, true, true)[0];
-    return g.defined() ? g : zeros(z.shape(), z.dtype());
+    return g.defined() ? g : zeros(z.shape(), z.dtype(), z.device());
   };
   return jacobian_of(gradient, x, create_graph, op);
 }

@@ -1,36 +1,28 @@
 // fill: every element of a contiguous buffer set to one bit pattern (zeros, ones, full on a GPU).
 #include <cuda_runtime.h>
 
-#include "cuda/kernels.h"
+#include "cuda/launch.h"
 
 namespace ember::cuda::kernels {
 
 namespace {
 
-// A grid-stride loop: any n with a bounded grid.
 template <class T>
 __global__ void fill_kernel(T* data, int64_t n, T value) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    data[i] = value;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) data[i] = value;
 }
 
 template <class T>
 int launch(void* data, int64_t n, uint64_t pattern, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  constexpr int64_t kMaxBlocks = 65535;
   T value;
   __builtin_memcpy(&value, &pattern, sizeof(T));  // the low bytes on little-endian x86-64
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  fill_kernel<T>
-      <<<static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0, stream>>>(
-          static_cast<T*>(data), n, value);
+  fill_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(data), n, value);
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
-int fill(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream) {
+int fill_on_device(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream) {
   if (n <= 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (element_size) {

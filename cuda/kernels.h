@@ -1,8 +1,10 @@
-// The CUDA kernels' entry points (cuda/*.cu, compiled by nvcc where CMake finds the toolkit). A
-// leaf below the core: plain C++ types only, no Ember header, so nvcc never compiles Ember's
-// (or fmt's) headers. Each queues its kernel on `stream` (the device's, cudaStream_t as void*)
-// and returns the launch's cudaError_t as an int (0: queued); the caller turns a failure into an
-// ember::Error (graph/device.cpp).
+// The CUDA backend's kernels, as a table of entry points: the GPU's (cuda/*.cu, compiled by nvcc
+// where CMake finds the toolkit) and the emulated device's (cuda/host.cpp: the same kernel bodies
+// run by a host loop, Note [Host emulation of a GPU] in graph/device_backend.h). A leaf below the
+// core: plain C++ types only, no Ember header, so nvcc never compiles Ember's (or fmt's) headers.
+// Each entry queues its kernel on `stream` (the device's, cudaStream_t as void*; unused by the
+// host's) and returns 0 when queued, else a status the caller turns into an ember::Error: the
+// launch's cudaError_t, or kUnsupported.
 #pragma once
 
 #include <cstddef>
@@ -10,8 +12,25 @@
 
 namespace ember::cuda::kernels {
 
-// data[i] = pattern for i in [0, n): elements of element_size bytes (1, 2, 4 or 8), each the low
-// element_size bytes of `pattern` (a value's bits as the host laid them out).
-int fill(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream);
+struct Elementwise;  // cuda/elementwise.h
+struct Reduce;       // cuda/reduce.h
+
+// An op asked in a type it is not defined in (cuda/elementwise.h's supported()).
+inline constexpr int kUnsupported = -1;
+
+struct Table {
+  // data[i] = pattern for i in [0, n): elements of element_size bytes (1, 2, 4 or 8), each the
+  // low element_size bytes of `pattern` (a value's bits as the host laid them out).
+  int (*fill)(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream);
+  // One elementwise op over strided operands (cuda/elementwise.h).
+  int (*elementwise)(const Elementwise& args, void* stream);
+  // Sums over a set of dims into a contiguous output (cuda/reduce.h).
+  int (*sum)(const Reduce& args, void* stream);
+};
+
+// The GPU's kernels: only in a build with CUDA (EMBER_WITH_CUDA).
+const Table& device_table();
+// The same kernels on the host, for the emulated device: in every build.
+const Table& host_table();
 
 }  // namespace ember::cuda::kernels

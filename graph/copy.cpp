@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "graph/device_backend.h"
 #include "graph/strided.h"
 
 namespace ember {
@@ -32,6 +33,10 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   const Shape target = broadcast_shapes(dst.shape(), src.shape(), "copy_");
   EMBER_CHECK(target == dst.shape(), "copy_: source of shape {} does not broadcast to {}",
               src.shape(), dst.shape());
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+    elementwise_on_device(dst, cuda::kernels::Op::Copy, dst.dtype(), {src}, "copy_");
+    return;
+  }
   dispatch_all(dst.dtype(), [&]<class D>() {
     dispatch_all(src.dtype(), [&]<class S>() {
       D* out = dst.data<D>();

@@ -2,19 +2,22 @@
 
 #include <atomic>
 #include <charconv>
-
-#include "graph/error.h"
-
-#ifdef EMBER_WITH_CUDA
-#include <cuda_runtime_api.h>
-
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "cuda/kernels.h"
-#include "graph/caching_allocator.h"
+#ifdef EMBER_WITH_CUDA
+#include <cuda_runtime_api.h>
 #endif
+
+#include "cuda/elementwise.h"
+#include "cuda/kernels.h"
+#include "cuda/reduce.h"
+#include "graph/caching_allocator.h"
+#include "graph/device_backend.h"
+#include "graph/error.h"
 
 namespace ember {
 
@@ -65,32 +68,9 @@ std::ostream& operator<<(std::ostream& os, const Device& device) { return os << 
 
 namespace cuda {
 
-#ifdef EMBER_WITH_CUDA
-
 namespace {
 
-// The driver's answer to "how many devices?", asked once: the count, or why there are none.
-struct Probe {
-  int count = 0;
-  std::string reason;
-};
-
-const Probe& probe() {
-  static const Probe p = [] {
-    Probe r;
-    const cudaError_t status = cudaGetDeviceCount(&r.count);
-    if (status != cudaSuccess) {
-      r.count = 0;
-      r.reason = fmt::format("the CUDA runtime found no usable device: {} ({})",
-                             cudaGetErrorString(status), cudaGetErrorName(status));
-      cudaGetLastError();  // clear the sticky error
-    } else if (r.count == 0) {
-      r.reason = "the CUDA driver reports no device";
-    }
-    return r;
-  }();
-  return p;
-}
+#ifdef EMBER_WITH_CUDA
 
 void check_cuda(cudaError_t status, std::string_view what) {
   if (status != cudaSuccess)
@@ -99,10 +79,11 @@ void check_cuda(cudaError_t status, std::string_view what) {
 }
 
 // Makes device `index` the calling thread's current one while alive (the runtime keeps one per
-// thread), and puts the previous one back.
+// thread), and puts the previous one back. Nothing on the emulated device.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index) {
+    if (detail::emulated()) return;
     check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
     if (previous_ != index) check_cuda(cudaSetDevice(index), "cudaSetDevice");
     changed_ = previous_ != index;
@@ -118,19 +99,59 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
-// The caching allocator's backend: the driver's memory of one device.
-struct DriverMemory {
+#endif
+
+// The driver's answer to "how many devices?", asked once: the count, or why there are none.
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    if (detail::emulated()) {
+      r.count = 1;
+      return r;
+    }
+#ifdef EMBER_WITH_CUDA
+    const cudaError_t status = cudaGetDeviceCount(&r.count);
+    if (status != cudaSuccess) {
+      r.count = 0;
+      r.reason = fmt::format("the CUDA runtime found no usable device: {} ({})",
+                             cudaGetErrorString(status), cudaGetErrorName(status));
+      cudaGetLastError();  // clear the sticky error
+    } else if (r.count == 0) {
+      r.reason = "the CUDA driver reports no device";
+    }
+#else
+    r.reason = "Ember was built without CUDA (CMake found no CUDA toolkit, or EMBER_CUDA=OFF)";
+#endif
+    return r;
+  }();
+  return p;
+}
+
+// The caching allocator's backend: the driver's memory of one device, or host memory for the
+// emulated one.
+struct DeviceMemory {
   int index;
   void* alloc(size_t bytes) {
+    if (detail::emulated()) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+#ifdef EMBER_WITH_CUDA
     DeviceGuard guard(index);
     void* p = nullptr;
     if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
     cudaGetLastError();  // out of memory is not sticky: clear it, the allocator decides
+#endif
     return nullptr;
   }
   void release(void* p) {
+    if (detail::emulated()) return std::free(p);
+#ifdef EMBER_WITH_CUDA
     DeviceGuard guard(index);
     check_cuda(cudaFree(p), "cudaFree");
+#endif
   }
   std::string name() const { return fmt::format("cuda:{}", index); }
 };
@@ -138,13 +159,17 @@ struct DriverMemory {
 // A device's stream (every kernel and copy of Ember's on that device is queued on it, so they
 // run in the order they were issued: Note [Caching allocator]) and its caching allocator.
 struct DeviceState {
-  explicit DeviceState(int index) : allocator(DriverMemory{index}) {
+  explicit DeviceState(int index) : allocator(DeviceMemory{index}) {
+#ifdef EMBER_WITH_CUDA
+    if (detail::emulated()) return;
     DeviceGuard guard(index);
-    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-               "cudaStreamCreateWithFlags");
+    cudaStream_t s = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    stream = s;
+#endif
   }
-  CachingAllocator<DriverMemory> allocator;
-  cudaStream_t stream = nullptr;
+  CachingAllocator<DeviceMemory> allocator;
+  void* stream = nullptr;  // cudaStream_t; none on the emulated device
 };
 
 // The devices' states, each made at its first use. Never destroyed: Storages of static tensors
@@ -166,6 +191,28 @@ DeviceState& state(int index) {
   return *s;
 }
 
+const kernels::Table& table() {
+#ifdef EMBER_WITH_CUDA
+  if (!detail::emulated()) return kernels::device_table();
+#endif
+  return kernels::host_table();
+}
+
+// A kernel's status as an Error naming `op`.
+void check_launch(int status, std::string_view what, std::string_view op) {
+  if (status == 0) return;
+  if (status == kernels::kUnsupported)
+    throw Error(fmt::format("{}: the CUDA backend's {} kernel does not support this op or dtype",
+                            op, what));
+#ifdef EMBER_WITH_CUDA
+  const auto error = static_cast<cudaError_t>(status);
+  throw Error(fmt::format("{}: the CUDA {} kernel's launch failed: {} ({})", op, what,
+                          cudaGetErrorString(error), cudaGetErrorName(error)));
+#else
+  throw Error(fmt::format("{}: the {} kernel failed with status {}", op, what, status));
+#endif
+}
+
 }  // namespace
 
 int device_count() { return probe().count; }
@@ -174,6 +221,8 @@ std::string unavailable_reason() { return probe().reason; }
 
 void synchronize() {
   EMBER_CHECK(is_available(), "cuda::synchronize: no CUDA device: {}", unavailable_reason());
+  if (detail::emulated()) return;  // every emulated kernel ran when it was launched
+#ifdef EMBER_WITH_CUDA
   int current = 0;
   check_cuda(cudaGetDevice(&current), "cudaGetDevice");
   for (int d = 0; d < device_count(); ++d) {
@@ -181,6 +230,7 @@ void synchronize() {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   check_cuda(cudaSetDevice(current), "cudaSetDevice");
+#endif
 }
 
 MemoryStats memory_stats(int device) {
@@ -200,7 +250,16 @@ void empty_cache() {
 
 namespace detail {
 
+bool emulated() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_CUDA_EMULATE");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
 void* allocate(const Device& device, size_t nbytes) {
+  check_device(device, "cuda: allocate");
   return state(device.index()).allocator.allocate(nbytes);
 }
 
@@ -210,77 +269,62 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
                 size_t nbytes) {
   EMBER_CHECK(dst_device.is_cuda() || src_device.is_cuda(),
               "cuda::copy_bytes: neither {} nor {} is a CUDA device", dst_device, src_device);
+  check_device(dst_device.is_cuda() ? dst_device : src_device, "cuda: copy");
   if (nbytes == 0) return;
+  if (emulated()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+#ifdef EMBER_WITH_CUDA
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
     // Between two GPUs: after the source's queued work, then wait for the copy.
     const int from = src_device.index(), to = dst_device.index();
-    check_cuda(cudaStreamSynchronize(state(from).stream), "cudaStreamSynchronize");
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(state(from).stream)),
+               "cudaStreamSynchronize");
     DeviceGuard guard(to);
-    const cudaStream_t stream = state(to).stream;
+    const auto stream = static_cast<cudaStream_t>(state(to).stream);
     check_cuda(cudaMemcpyPeerAsync(dst, to, src, from, nbytes, stream), "cudaMemcpyPeerAsync");
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return;
   }
   const int index = dst_device.is_cuda() ? dst_device.index() : src_device.index();
   DeviceGuard guard(index);
-  const cudaStream_t stream = state(index).stream;
+  const auto stream = static_cast<cudaStream_t>(state(index).stream);
   // From pageable host memory the call returns once the source is staged (it may be freed); to
   // host memory the stream is waited for, so that the bytes are there on return.
   check_cuda(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
   if (dst_device.is_cpu()) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+#endif
 }
 
 void fill_bytes(void* data, int64_t n, size_t element_size, uint64_t pattern,
                 const Device& device) {
+  check_device(device, "cuda: fill");
+#ifdef EMBER_WITH_CUDA
   DeviceGuard guard(device.index());
-  const int status = kernels::fill(data, n, element_size, pattern, state(device.index()).stream);
-  check_cuda(static_cast<cudaError_t>(status), "the fill kernel's launch");
-}
-
-}  // namespace detail
-
-#else  // built without the CUDA toolkit
-
-int device_count() { return 0; }
-
-std::string unavailable_reason() {
-  return "Ember was built without CUDA (CMake found no CUDA toolkit, or EMBER_CUDA=OFF)";
-}
-
-void synchronize() {
-  throw Error(fmt::format("cuda::synchronize: no CUDA device: {}", unavailable_reason()));
-}
-
-MemoryStats memory_stats(int device) {
-  check_device(Device(DeviceType::CUDA, device), "cuda::memory_stats");
-  return {};
-}
-
-void empty_cache() {}
-
-// No CUDA storage can be made in this build: check_device refuses first; these say so again.
-namespace detail {
-
-void* allocate(const Device& device, size_t) {
-  throw Error(fmt::format("cuda: cannot allocate on {}: {}", device, unavailable_reason()));
-}
-
-void free(const Device& device, void*) {
-  throw Error(fmt::format("cuda: cannot free on {}: {}", device, unavailable_reason()));
-}
-
-void copy_bytes(void*, const Device& dst_device, const void*, const Device& src_device, size_t) {
-  throw Error(fmt::format("cuda: cannot copy from {} to {}: {}", src_device, dst_device,
-                          unavailable_reason()));
-}
-
-void fill_bytes(void*, int64_t, size_t, uint64_t, const Device& device) {
-  throw Error(fmt::format("cuda: cannot fill on {}: {}", device, unavailable_reason()));
-}
-
-}  // namespace detail
-
 #endif
+  check_launch(table().fill(data, n, element_size, pattern, state(device.index()).stream), "fill",
+               "fill");
+}
+
+void launch_elementwise(const kernels::Elementwise& args, const Device& device,
+                        std::string_view op) {
+  check_device(device, op);
+#ifdef EMBER_WITH_CUDA
+  DeviceGuard guard(device.index());
+#endif
+  check_launch(table().elementwise(args, state(device.index()).stream), "elementwise", op);
+}
+
+void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op) {
+  check_device(device, op);
+#ifdef EMBER_WITH_CUDA
+  DeviceGuard guard(device.index());
+#endif
+  check_launch(table().sum(args, state(device.index()).stream), "sum", op);
+}
+
+}  // namespace detail
 
 bool is_available() { return device_count() > 0; }
 

@@ -2,7 +2,8 @@
 // and records its <Op>Backward Node, which sits right above it. The family helpers (arith,
 // scalar_op, unary_math, compare, logical) take the op's name once and use it for the profiler
 // scope, the error messages and the Node: a new differentiable math function is one call
-// unary_math(x, "gelu", Saves::Input, forward, derivative).
+// unary_math(x, "gelu", {kn::Op::Gelu}, Saves::Input, forward, derivative, ops_derivative), the
+// kernel code naming its formula on a device other than the CPU (cuda/elementwise.h).
 #include "ops/elementwise.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "ops/common.h"
 #include "ops/kernels.h"
@@ -24,6 +26,28 @@ namespace {
 // What integral (and Bool) inputs compute in: their own dtype, or Float32 as torch's true
 // division and math functions. Bool + Bool and Bool * Bool stay Bool (or, and), as torch.
 enum class Integral { Keep, ToFloat };
+
+namespace kn = cuda::kernels;
+
+// The kernel of an op on a device other than the CPU (cuda/elementwise.h), with its parameters.
+struct DeviceOp {
+  kn::Op code;
+  double p0 = 0, p1 = 0;
+};
+
+bool on_cpu(const Tensor& t) { return t.device().is_cpu(); }
+
+// op(inputs...) on their device: a new tensor of their broadcast shape and dtype `out_dtype`,
+// each input converted to `compute` as the kernel reads it.
+Tensor on_device(DeviceOp d, DType compute, DType out_dtype, std::initializer_list<Tensor> inputs,
+                 std::string_view op) {
+  Shape shape = inputs.begin()->shape();
+  for (const Tensor& t : inputs)
+    if (t.shape() != shape) shape = broadcast_shapes(shape, t.shape(), op);
+  Tensor out = empty(shape, out_dtype, inputs.begin()->device());
+  elementwise_on_device(out, d.code, compute, inputs, op, d.p0, d.p1);
+  return out;
+}
 
 // The dtype two operands compute in: torch's promotion, then `integral` for non-floating ones.
 DType arith_type(const Tensor& a, const Tensor& b, Integral integral) {
@@ -72,15 +96,20 @@ void check_not_bool(const Tensor& a, const Tensor& b, std::string_view op) {
 
 // Op `op`: out = f(a, b) in arith_type's dtype, broadcasting, recorded as Node N(node_args…).
 template <class N, class F, class... Args>
-Tensor arith(const Tensor& a, const Tensor& b, std::string_view op, Integral integral, F f,
-             Args&&... node_args) {
+Tensor arith(const Tensor& a, const Tensor& b, std::string_view op, Integral integral, DeviceOp d,
+             F f, Args&&... node_args) {
   profile::Scope scope(op);
   check_defined(a, op);
   check_defined(b, op);
   check_same_device(a, b, op);
   const DType t = arith_type(a, b, integral);
-  const Tensor x = as_type(a, t), y = as_type(b, t);
-  Tensor out = dispatch_all(t, [&]<class T>() { return zip<T, T, T>(x, y, op, f); });
+  Tensor out;
+  if (on_cpu(a)) {
+    const Tensor x = as_type(a, t), y = as_type(b, t);
+    out = dispatch_all(t, [&]<class T>() { return zip<T, T, T>(x, y, op, f); });
+  } else {
+    out = on_device(d, t, t, {a, b}, op);
+  }
   return record<N>(op, out, {a, b}, std::forward<Args>(node_args)...);
 }
 
@@ -99,7 +128,7 @@ struct AddBackward final : Node {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return arith<AddBackward>(a, b, "add", Integral::Keep,
+  return arith<AddBackward>(a, b, "add", Integral::Keep, {kn::Op::Add},
                             []<class T>(T x, T y) { return wrapping_add(x, y); });
 }
 
@@ -117,7 +146,7 @@ struct SubBackward final : Node {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   if (a.defined() && b.defined()) check_not_bool(a, b, "sub");
-  return arith<SubBackward>(a, b, "sub", Integral::Keep,
+  return arith<SubBackward>(a, b, "sub", Integral::Keep, {kn::Op::Sub},
                             []<class T>(T x, T y) { return wrapping_sub(x, y); });
 }
 
@@ -160,7 +189,8 @@ Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha, std::string_vi
   check_defined(a, op);
   check_defined(b, op);
   check_alpha(arith_type(a, b, Integral::Keep), alpha, op == "sub" ? -alpha : alpha, a, b, op);
-  return arith<AddAlphaBackward>(a, b, op, Integral::Keep, scaled_sum(alpha), alpha);
+  return arith<AddAlphaBackward>(a, b, op, Integral::Keep, {kn::Op::AddScaled, alpha},
+                                 scaled_sum(alpha), alpha);
 }
 
 }  // namespace
@@ -195,7 +225,8 @@ struct MulBackward final : Node {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   return arith<MulBackward>(
-      a, b, "mul", Integral::Keep, []<class T>(T x, T y) { return wrapping_mul(x, y); }, a, b);
+      a, b, "mul", Integral::Keep, {kn::Op::Mul},
+      []<class T>(T x, T y) { return wrapping_mul(x, y); }, a, b);
 }
 
 namespace {
@@ -209,7 +240,7 @@ struct DivBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     Tensor grad_b;
-    if (needs_grad(1) && is_grad_enabled()) {  // create_graph: in ops
+    if (needs_grad(1) && (is_grad_enabled() || !on_cpu(g))) {  // create_graph, a device: ops
       const Tensor b = b_.get();
       grad_b = div(mul(neg(g), a_.get()), mul(b, b));
     } else if (needs_grad(1)) {
@@ -231,7 +262,7 @@ struct DivBackward final : Node {
 // True division: integral operands compute in Float32.
 Tensor div(const Tensor& a, const Tensor& b) {
   return arith<DivBackward>(
-      a, b, "div", Integral::ToFloat, [](auto x, auto y) { return x / y; }, a, b);
+      a, b, "div", Integral::ToFloat, {kn::Op::Div}, [](auto x, auto y) { return x / y; }, a, b);
 }
 
 // --- arithmetic with a double
@@ -247,8 +278,11 @@ DType scalar_type(const Tensor& t, double s, Integral integral) {
 
 // f(x, s) for every element x, in scalar_type's dtype; no Node.
 template <class F>
-Tensor scalar_map(const Tensor& x, double s, std::string_view op, Integral integral, F f) {
-  const Tensor in = as_type(x, scalar_type(x, s, integral));
+Tensor scalar_map(const Tensor& x, double s, std::string_view op, Integral integral, kn::Op code,
+                  F f) {
+  const DType t = scalar_type(x, s, integral);
+  if (!on_cpu(x)) return on_device({code, s}, t, t, {x}, op);
+  const Tensor in = as_type(x, t);
   return dispatch_numeric(in.dtype(), op, [&]<class T>() {
     const T v = cast_value<T>(s);
     return map<T, T>(in, [=](T e) { return f(e, v); });
@@ -268,33 +302,34 @@ struct ScaleBackward final : Node {
 // Op `op`: y = f(x, s), linear in x:  dX = dY * scale
 template <class F>
 Tensor scalar_op(const Tensor& x, double s, std::string_view op, Integral integral, double scale,
-                 F f) {
+                 kn::Op code, F f) {
   profile::Scope scope(op);
   check_defined(x, op);
-  return record<ScaleBackward>(op, scalar_map(x, s, op, integral, f), {x}, scale);
+  return record<ScaleBackward>(op, scalar_map(x, s, op, integral, code, f), {x}, scale);
 }
 
 }  // namespace
 
 // y = x + s, x - s, s - x, x * s, x / s:  dX = dY * scale, the argument before the function
 Tensor add(const Tensor& a, double b) {
-  return scalar_op(a, b, "add", Integral::Keep, 1.0,
+  return scalar_op(a, b, "add", Integral::Keep, 1.0, kn::Op::AddScalar,
                    []<class T>(T x, T s) { return wrapping_add(x, s); });
 }
 Tensor sub(const Tensor& a, double b) {
-  return scalar_op(a, b, "sub", Integral::Keep, 1.0,
+  return scalar_op(a, b, "sub", Integral::Keep, 1.0, kn::Op::SubScalar,
                    []<class T>(T x, T s) { return wrapping_sub(x, s); });
 }
 Tensor rsub(const Tensor& a, double b) {
-  return scalar_op(a, b, "rsub", Integral::Keep, -1.0,
+  return scalar_op(a, b, "rsub", Integral::Keep, -1.0, kn::Op::RsubScalar,
                    []<class T>(T x, T s) { return wrapping_sub(s, x); });
 }
 Tensor mul(const Tensor& a, double b) {
-  return scalar_op(a, b, "mul", Integral::Keep, b,
+  return scalar_op(a, b, "mul", Integral::Keep, b, kn::Op::MulScalar,
                    []<class T>(T x, T s) { return wrapping_mul(x, s); });
 }
 Tensor div(const Tensor& a, double b) {
-  return scalar_op(a, b, "div", Integral::ToFloat, 1.0 / b, [](auto x, auto s) { return x / s; });
+  return scalar_op(a, b, "div", Integral::ToFloat, 1.0 / b, kn::Op::DivScalar,
+                   [](auto x, auto s) { return x / s; });
 }
 
 namespace {
@@ -304,7 +339,8 @@ struct RdivBackward final : Node {
   RdivBackward(const Tensor& x, const Tensor& y) { save(x_, x), save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if (is_grad_enabled()) return {div(mul(neg(g), y_.get()), x_.get())};  // create_graph
+    if (is_grad_enabled() || !on_cpu(g))  // create_graph, a device: in ops
+      return {div(mul(neg(g), y_.get()), x_.get())};
     Tensor grad_x = empty(g.shape(), g.dtype());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       ternary_into<T, T, T, T>(g, y_.get(), x_.get(), grad_x,
@@ -323,7 +359,8 @@ Tensor rdiv(const Tensor& a, double b) {
   profile::Scope scope(op);
   check_defined(a, op);
   const Tensor x = as_floating(a);
-  Tensor out = scalar_map(x, b, op, Integral::ToFloat, [](auto v, auto s) { return s / v; });
+  Tensor out = scalar_map(x, b, op, Integral::ToFloat, kn::Op::RdivScalar,
+                          [](auto v, auto s) { return s / v; });
   return record<RdivBackward>(op, out, {a}, x, out);
 }
 
@@ -335,9 +372,10 @@ Tensor neg(const Tensor& x) {
   EMBER_CHECK(x.dtype() != kBool,
               "neg: negation of a Bool tensor (shape {}) is not supported; use logical_not",
               x.shape());
-  Tensor out = dispatch_numeric(x.dtype(), op, [&]<class T>() {
-    return map<T, T>(x, [](T v) { return wrapping_sub(T(0), v); });
-  });
+  Tensor out = !on_cpu(x) ? on_device({kn::Op::Neg}, x.dtype(), x.dtype(), {x}, op)
+                          : dispatch_numeric(x.dtype(), op, [&]<class T>() {
+                              return map<T, T>(x, [](T v) { return wrapping_sub(T(0), v); });
+                            });
   return record<ScaleBackward>(op, out, {x}, -1.0);
 }
 
@@ -357,8 +395,8 @@ struct UnaryBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if constexpr (kInOps) {
-      if (is_grad_enabled()) return {ops_derivative_(g, saved_.get())};
+    if constexpr (kInOps) {  // create_graph, or a device: in ops
+      if (is_grad_enabled() || !on_cpu(g)) return {ops_derivative_(g, saved_.get())};
     }
     return {dispatch_float(g.dtype(), name(), [&]<class T>() {
       return zip<T, T, T>(g, saved_.get(), name(), derivative_);
@@ -375,16 +413,20 @@ enum class Saves { Input, Output };
 // Op `op`: y = f(x) with dX = derivative(dY, saved), `saved` the input or the output as `saves`
 // says. Integral inputs compute in Float32, or in their own dtype with Integral::Keep (relu, abs).
 template <Integral I = Integral::ToFloat, class F, class D, class O>
-Tensor unary_math(const Tensor& input, std::string_view op, Saves saves, F f, D derivative,
-                  O ops_derivative) {
+Tensor unary_math(const Tensor& input, std::string_view op, DeviceOp d, Saves saves, F f,
+                  D derivative, O ops_derivative) {
   profile::Scope scope(op);
   check_defined(input, op);
   if constexpr (I == Integral::Keep) {
-    if (!is_floating(input.dtype()))
+    if (!is_floating(input.dtype())) {
+      if (!on_cpu(input)) return on_device(d, input.dtype(), input.dtype(), {input}, op);
       return dispatch_numeric(input.dtype(), op, [&]<class T>() { return map<T, T>(input, f); });
+    }
   }
   const Tensor x = as_floating(input);
-  Tensor out = dispatch_float(x.dtype(), op, [&]<class T>() { return map<T, T>(x, f); });
+  Tensor out = !on_cpu(x)
+                   ? on_device(d, x.dtype(), x.dtype(), {x}, op)
+                   : dispatch_float(x.dtype(), op, [&]<class T>() { return map<T, T>(x, f); });
   return record<UnaryBackward<D, O>>(op, out, {input}, saves == Saves::Input ? x : out,
                                      saves == Saves::Output, derivative, ops_derivative);
 }
@@ -418,6 +460,11 @@ Tensor affine_product(const Tensor& a, const Tensor& b, const Tensor& c, Affine 
   constexpr std::string_view op = "affine_product";
   profile::Scope scope(op);
   const Shape shape = broadcast_shapes(broadcast_shapes(a.shape(), b.shape(), op), c.shape(), op);
+  if (!on_cpu(a)) {
+    Tensor out =
+        on_device({kn::Op::AffineProduct, f.alpha, f.beta}, a.dtype(), a.dtype(), {a, b, c}, op);
+    return record<AffineProductBackward>(op, out, {a, b, c}, a, b, c, f);
+  }
   const Tensor y = as_type(b, a.dtype()), z = as_type(c, a.dtype());
   Tensor out = empty(shape, a.dtype());
   dispatch_float(a.dtype(), op, [&]<class T>() {
@@ -435,35 +482,41 @@ Tensor affine_product(const Tensor& a, const Tensor& b, const Tensor& c, Affine 
 // dS = dZ g d'(s), d' affine (tanh: -2s, sigmoid: 1 - 2s; affine_product), or none where d is
 // piecewise constant (relu): s then gets no gradient.
 template <class K>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k,
+Tensor derivative_op(std::string_view op, kn::Op code, const Tensor& g, const Tensor& s, K k,
                      std::optional<Affine> d2);
 
 template <class K>
 struct DerivativeBackward final : Node {
-  DerivativeBackward(const Tensor& g, const Tensor& s, K k, std::optional<Affine> d2)
-      : k_(k), d2_(d2) {
+  DerivativeBackward(const Tensor& g, const Tensor& s, kn::Op code, K k, std::optional<Affine> d2)
+      : code_(code), k_(k), d2_(d2) {
     if (d2 && s.requires_grad()) save(g_, g);
     save(s_, s);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& dz = grads[0];
     const Tensor s = s_.get();
-    return {needs_grad(0) ? derivative_op(op(), dz, s, k_, d2_) : Tensor(),
+    return {needs_grad(0) ? derivative_op(op(), code_, dz, s, k_, d2_) : Tensor(),
             d2_ && needs_grad(1) ? affine_product(dz, g_.get(), s, *d2_) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  kn::Op code_;
   K k_;
   std::optional<Affine> d2_;
   SavedTensor g_, s_;
 };
 
 template <class K>
-Tensor derivative_op(std::string_view op, const Tensor& g, const Tensor& s, K k,
+Tensor derivative_op(std::string_view op, kn::Op code, const Tensor& g, const Tensor& s, K k,
                      std::optional<Affine> d2) {
   profile::Scope scope(op);
-  const Tensor v = as_type(s, g.dtype());
-  Tensor out = dispatch_float(g.dtype(), op, [&]<class T>() { return zip<T, T, T>(g, v, op, k); });
-  return record<DerivativeBackward<K>>(op, out, {g, s}, g, s, k, d2);
+  Tensor out;
+  if (!on_cpu(g)) {
+    out = on_device({code}, g.dtype(), g.dtype(), {g, s}, op);
+  } else {
+    const Tensor v = as_type(s, g.dtype());
+    out = dispatch_float(g.dtype(), op, [&]<class T>() { return zip<T, T, T>(g, v, op, k); });
+  }
+  return record<DerivativeBackward<K>>(op, out, {g, s}, g, s, code, k, d2);
 }
 
 }  // namespace
@@ -473,11 +526,13 @@ Tensor pow(const Tensor& x, double p) {
   constexpr std::string_view op = "pow";
   if (p == 2.0) {
     return unary_math(
-        x, op, Saves::Input, [](auto v) { return v * v; }, [](auto g, auto v) { return g * 2 * v; },
+        x, op, {kn::Op::Pow, 2.0}, Saves::Input, [](auto v) { return v * v; },
+        [](auto g, auto v) { return g * 2 * v; },
         [](const Tensor& g, const Tensor& s) { return mul(mul(g, s), 2.0); });
   }
   return unary_math(
-      x, op, Saves::Input, [p](auto v) { return static_cast<decltype(v)>(std::pow(v, p)); },
+      x, op, {kn::Op::Pow, p}, Saves::Input,
+      [p](auto v) { return static_cast<decltype(v)>(std::pow(v, p)); },
       [p](auto g, auto v) {
         using T = decltype(v);
         return p == 0 ? T(0) : static_cast<T>(g * p * std::pow(v, p - 1));
@@ -494,7 +549,7 @@ Tensor pow(const Tensor& x, double p) {
 // y = exp(x):  dX = dY * y
 Tensor exp(const Tensor& x) {
   return unary_math(
-      x, "exp", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vexp(v); },
+      x, "exp", {kn::Op::Exp}, Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vexp(v); },
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y; },
       [](const Tensor& g, const Tensor& s) { return mul(g, s); });
 }
@@ -502,7 +557,7 @@ Tensor exp(const Tensor& x) {
 // y = log(x):  dX = dY / x
 Tensor log(const Tensor& x) {
   return unary_math(
-      x, "log", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vlog(v); },
+      x, "log", {kn::Op::Log}, Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vlog(v); },
       [](auto g, auto v) EMBER_VEC_LAMBDA { return g / v; },
       [](const Tensor& g, const Tensor& s) { return div(g, s); });
 }
@@ -510,7 +565,7 @@ Tensor log(const Tensor& x) {
 // y = sqrt(x):  dX = dY / (2 y)
 Tensor sqrt(const Tensor& x) {
   return unary_math(
-      x, "sqrt", Saves::Output, [](auto v) { return std::sqrt(v); },
+      x, "sqrt", {kn::Op::Sqrt}, Saves::Output, [](auto v) { return std::sqrt(v); },
       [](auto g, auto y) { return g / (2 * y); },
       [](const Tensor& g, const Tensor& s) { return div(g, mul(s, 2.0)); });
 }
@@ -518,7 +573,7 @@ Tensor sqrt(const Tensor& x) {
 // y = sin(x):  dX = dY cos(x)
 Tensor sin(const Tensor& x) {
   return unary_math(
-      x, "sin", Saves::Input, [](auto v) { return std::sin(v); },
+      x, "sin", {kn::Op::Sin}, Saves::Input, [](auto v) { return std::sin(v); },
       [](auto g, auto v) { return g * std::cos(v); },
       [](const Tensor& g, const Tensor& s) { return mul(g, cos(s)); });
 }
@@ -526,7 +581,7 @@ Tensor sin(const Tensor& x) {
 // y = cos(x):  dX = -dY sin(x)
 Tensor cos(const Tensor& x) {
   return unary_math(
-      x, "cos", Saves::Input, [](auto v) { return std::cos(v); },
+      x, "cos", {kn::Op::Cos}, Saves::Input, [](auto v) { return std::cos(v); },
       [](auto g, auto v) { return -g * std::sin(v); },
       [](const Tensor& g, const Tensor& s) { return neg(mul(g, sin(s))); });
 }
@@ -534,23 +589,25 @@ Tensor cos(const Tensor& x) {
 // y = tanh(x):  dX = dY (1 - y²)
 Tensor tanh(const Tensor& x) {
   return unary_math(
-      x, "tanh", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vtanh(v); },
+      x, "tanh", {kn::Op::Tanh}, Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vtanh(v); },
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * (1 - y * y); },
       [](const Tensor& g, const Tensor& y) {  // d(y) = 1 - y², d'(y) = -2y
         return derivative_op(
-            "tanh_backward", g, y, [](auto a, auto v) { return a * (1 - v * v); }, Affine{-2, 0});
+            "tanh_backward", kn::Op::TanhBackward, g, y,
+            [](auto a, auto v) { return a * (1 - v * v); }, Affine{-2, 0});
       });
 }
 
 // y = 1 / (1 + exp(-x)):  dX = dY y (1 - y)
 Tensor sigmoid(const Tensor& x) {
   return unary_math(
-      x, "sigmoid", Saves::Output, [](auto v) EMBER_VEC_LAMBDA { return vsigmoid(v); },
+      x, "sigmoid", {kn::Op::Sigmoid}, Saves::Output,
+      [](auto v) EMBER_VEC_LAMBDA { return vsigmoid(v); },
       [](auto g, auto y) EMBER_VEC_LAMBDA { return g * y * (1 - y); },
       [](const Tensor& g, const Tensor& y) {  // d(y) = y (1 - y), d'(y) = 1 - 2y
         return derivative_op(
-            "sigmoid_backward", g, y, [](auto a, auto v) { return a * v * (1 - v); },
-            Affine{-2, 1});
+            "sigmoid_backward", kn::Op::SigmoidBackward, g, y,
+            [](auto a, auto v) { return a * v * (1 - v); }, Affine{-2, 1});
       });
 }
 
@@ -563,7 +620,8 @@ Tensor normal_pdf(const Tensor& x) { return mul(exp(mul(mul(x, x), -0.5)), 0.398
 // dX = dY φ(x)
 Tensor normal_cdf(const Tensor& x) {
   return unary_math(
-      x, "normal_cdf", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return vnormal_cdf(v); },
+      x, "normal_cdf", {kn::Op::NormalCdf}, Saves::Input,
+      [](auto v) EMBER_VEC_LAMBDA { return vnormal_cdf(v); },
       [](auto g, auto v) EMBER_VEC_LAMBDA { return g * vnormal_cdf_pdf(v).pdf; },
       [](const Tensor& g, const Tensor& x) { return mul(g, normal_pdf(x)); });
 }
@@ -580,7 +638,7 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
               "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
   if (approximate == "tanh") {
     return unary_math(
-        x, "gelu", Saves::Input,
+        x, "gelu", {kn::Op::GeluTanh}, Saves::Input,
         [](auto v) EMBER_VEC_LAMBDA {
           using T = decltype(v);
           const T u = T(0.7978845608028654) * (v + T(0.044715) * v * v * v);
@@ -600,7 +658,8 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
         });
   }
   return unary_math(
-      x, "gelu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
+      x, "gelu", {kn::Op::Gelu}, Saves::Input,
+      [](auto v) EMBER_VEC_LAMBDA { return v * vnormal_cdf(v); },
       [](auto g, auto v) EMBER_VEC_LAMBDA {
         const auto [cdf, pdf] = vnormal_cdf_pdf(v);
         return g * vec_detail::fmadd(v, pdf, cdf);
@@ -613,7 +672,8 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
 // y = x σ(x):  dX = dY σ(x) (1 + x (1 - σ(x)))
 Tensor silu(const Tensor& x) {
   return unary_math(
-      x, "silu", Saves::Input, [](auto v) EMBER_VEC_LAMBDA { return v * vsigmoid(v); },
+      x, "silu", {kn::Op::Silu}, Saves::Input,
+      [](auto v) EMBER_VEC_LAMBDA { return v * vsigmoid(v); },
       [](auto g, auto v) EMBER_VEC_LAMBDA {
         const auto s = vsigmoid(v);
         return g * s * (1 + v * (1 - s));
@@ -628,11 +688,12 @@ Tensor silu(const Tensor& x) {
 // as "not <= 0", which NaN is not).
 Tensor relu(const Tensor& x) {
   return unary_math<Integral::Keep>(
-      x, "relu", Saves::Output, [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
+      x, "relu", {kn::Op::Relu}, Saves::Output,
+      [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
       [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); },
       [](const Tensor& g, const Tensor& y) {  // torch's threshold_backward: y gets no gradient
         return derivative_op(
-            "threshold_backward", g, y,
+            "threshold_backward", kn::Op::ThresholdBackward, g, y,
             [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, std::nullopt);
       });
 }
@@ -640,7 +701,7 @@ Tensor relu(const Tensor& x) {
 // y = |x|:  dX = dY sign(x)
 Tensor abs(const Tensor& x) {
   return unary_math<Integral::Keep>(
-      x, "abs", Saves::Input, [](auto v) { return std::abs(v); },
+      x, "abs", {kn::Op::Abs}, Saves::Input, [](auto v) { return std::abs(v); },
       [](auto g, auto v) {
         using T = decltype(v);
         return v > 0 ? g : v < 0 ? -g : T(0);
@@ -663,6 +724,14 @@ struct ClampBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
+    if (!on_cpu(g)) {  // a device: in ops
+      constexpr double inf = std::numeric_limits<double>::infinity();
+      const Tensor x = x_.get();
+      const Tensor outside =
+          on_device({kn::Op::OutsideClamp, lo_.value_or(-inf), hi_.value_or(inf)}, x.dtype(), kBool,
+                    {x}, op());
+      return {masked_fill(g, outside, 0.0)};
+    }
     return {dispatch_float(g.dtype(), op(), [&]<class T>() {
       constexpr T inf = std::numeric_limits<T>::infinity();
       const T lo = lo_ ? static_cast<T>(*lo_) : -inf, hi = hi_ ? static_cast<T>(*hi_) : inf;
@@ -690,6 +759,11 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
   const bool whole = (!min || is_whole(*min)) && (!max || is_whole(*max));
   const DType t = is_floating(x.dtype()) ? x.dtype() : whole ? kInt64 : kFloat32;
   const Tensor in = as_type(x, t);
+  if (!on_cpu(x)) {
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    Tensor out = on_device({kn::Op::Clamp, min.value_or(-inf), max.value_or(inf)}, t, t, {in}, op);
+    return record<ClampBackward>(op, out, {x}, in, min, max);
+  }
   Tensor out = dispatch_numeric(t, op, [&]<class T>() {
     const T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
                                                           : std::numeric_limits<T>::lowest();
@@ -714,7 +788,7 @@ struct ExtremumBackward final : Node {
   ExtremumBackward(const Tensor& a, const Tensor& b) { save(a_, a), save(b_, b); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if (is_grad_enabled()) {  // create_graph
+    if (is_grad_enabled() || !on_cpu(g)) {  // create_graph, a device: in ops
       const Tensor a = a_.get(), b = b_.get();
       const Tensor split = where(eq(a, b), mul(g, 0.5), g);
       const auto grad_of = [&](const Tensor& x, const Tensor& y) {
@@ -746,7 +820,7 @@ struct ExtremumBackward final : Node {
 // in either operand gives NaN, as torch.
 Tensor maximum(const Tensor& a, const Tensor& b) {
   return arith<ExtremumBackward<true>>(
-      a, b, "maximum", Integral::Keep,
+      a, b, "maximum", Integral::Keep, {kn::Op::Maximum},
       []<class T>(T x, T y) {
         if constexpr (std::is_floating_point_v<T>)
           return x > y || x != x ? x : y;
@@ -757,7 +831,7 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
   return arith<ExtremumBackward<false>>(
-      a, b, "minimum", Integral::Keep,
+      a, b, "minimum", Integral::Keep, {kn::Op::Minimum},
       []<class T>(T x, T y) {
         if constexpr (std::is_floating_point_v<T>)
           return x < y || x != x ? x : y;
@@ -773,6 +847,7 @@ Tensor isnan(const Tensor& x) {
   constexpr std::string_view op = "isnan";
   profile::Scope scope(op);
   check_defined(x, op);
+  if (!on_cpu(x)) return on_device({kn::Op::IsNan}, x.dtype(), kBool, {x}, op);
   return dispatch_all(x.dtype(), [&]<class T>() {
     return map<T, bool>(x, [](T v) {
       if constexpr (std::is_floating_point_v<T>)
@@ -787,6 +862,7 @@ Tensor isfinite(const Tensor& x) {
   constexpr std::string_view op = "isfinite";
   profile::Scope scope(op);
   check_defined(x, op);
+  if (!on_cpu(x)) return on_device({kn::Op::IsFinite}, x.dtype(), kBool, {x}, op);
   return dispatch_all(x.dtype(), [&]<class T>() {
     return map<T, bool>(x, [](T v) {
       if constexpr (std::is_floating_point_v<T>)
@@ -803,20 +879,24 @@ namespace {
 
 // Op `op`: f(a, b) in the promoted dtype, broadcasting.
 template <class F>
-Tensor compare(const Tensor& a, const Tensor& b, std::string_view op, F f) {
+Tensor compare(const Tensor& a, const Tensor& b, std::string_view op, kn::Op code, F f) {
   profile::Scope scope(op);
   check_defined(a, op);
   check_defined(b, op);
+  check_same_device(a, b, op);
   const DType t = promote(a.dtype(), b.dtype());
+  if (!on_cpu(a)) return on_device({code}, t, kBool, {a, b}, op);
   const Tensor x = as_type(a, t), y = as_type(b, t);
   return dispatch_all(t, [&]<class T>() { return zip<T, T, bool>(x, y, op, f); });
 }
 
 // Op `op` against a double, as torch: the scalar is cast to a floating tensor's dtype.
 template <class F>
-Tensor compare(const Tensor& a, double b, std::string_view op, F f) {
+Tensor compare(const Tensor& a, double b, std::string_view op, kn::Op code, F f) {
   profile::Scope scope(op);
   check_defined(a, op);
+  if (!on_cpu(a))  // integral elements compare as doubles, as below
+    return on_device({code, b}, is_floating(a.dtype()) ? a.dtype() : kFloat64, kBool, {a}, op);
   return dispatch_all(a.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<T>) {
       const T s = static_cast<T>(b);
@@ -829,18 +909,42 @@ Tensor compare(const Tensor& a, double b, std::string_view op, F f) {
 
 }  // namespace
 
-Tensor eq(const Tensor& a, const Tensor& b) { return compare(a, b, "eq", std::equal_to<>()); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare(a, b, "ne", std::not_equal_to<>()); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare(a, b, "lt", std::less<>()); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare(a, b, "le", std::less_equal<>()); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare(a, b, "gt", std::greater<>()); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare(a, b, "ge", std::greater_equal<>()); }
-Tensor eq(const Tensor& a, double b) { return compare(a, b, "eq", std::equal_to<>()); }
-Tensor ne(const Tensor& a, double b) { return compare(a, b, "ne", std::not_equal_to<>()); }
-Tensor lt(const Tensor& a, double b) { return compare(a, b, "lt", std::less<>()); }
-Tensor le(const Tensor& a, double b) { return compare(a, b, "le", std::less_equal<>()); }
-Tensor gt(const Tensor& a, double b) { return compare(a, b, "gt", std::greater<>()); }
-Tensor ge(const Tensor& a, double b) { return compare(a, b, "ge", std::greater_equal<>()); }
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "eq", kn::Op::Eq, std::equal_to<>());
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "ne", kn::Op::Ne, std::not_equal_to<>());
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "lt", kn::Op::Lt, std::less<>());
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "le", kn::Op::Le, std::less_equal<>());
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "gt", kn::Op::Gt, std::greater<>());
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "ge", kn::Op::Ge, std::greater_equal<>());
+}
+Tensor eq(const Tensor& a, double b) {
+  return compare(a, b, "eq", kn::Op::EqScalar, std::equal_to<>());
+}
+Tensor ne(const Tensor& a, double b) {
+  return compare(a, b, "ne", kn::Op::NeScalar, std::not_equal_to<>());
+}
+Tensor lt(const Tensor& a, double b) {
+  return compare(a, b, "lt", kn::Op::LtScalar, std::less<>());
+}
+Tensor le(const Tensor& a, double b) {
+  return compare(a, b, "le", kn::Op::LeScalar, std::less_equal<>());
+}
+Tensor gt(const Tensor& a, double b) {
+  return compare(a, b, "gt", kn::Op::GtScalar, std::greater<>());
+}
+Tensor ge(const Tensor& a, double b) {
+  return compare(a, b, "ge", kn::Op::GeScalar, std::greater_equal<>());
+}
 
 // --- logic: nonzero is true, as torch
 
@@ -850,10 +954,12 @@ Tensor as_bool(const Tensor& t) { return t.dtype() == kBool ? t : ne(t, 0.0); }
 
 // Op `op`: f(a, b) on the operands as Bool, broadcasting.
 template <class F>
-Tensor logical(const Tensor& a, const Tensor& b, std::string_view op, F f) {
+Tensor logical(const Tensor& a, const Tensor& b, std::string_view op, kn::Op code, F f) {
   profile::Scope scope(op);
   check_defined(a, op);
   check_defined(b, op);
+  check_same_device(a, b, op);
+  if (!on_cpu(a)) return on_device({code}, kBool, kBool, {a, b}, op);  // nonzero reads as true
   return zip<bool, bool, bool>(as_bool(a), as_bool(b), op, f);
 }
 
@@ -863,13 +969,14 @@ Tensor logical_not(const Tensor& mask) {
   constexpr std::string_view op = "logical_not";
   profile::Scope scope(op);
   check_defined(mask, op);
+  if (!on_cpu(mask)) return on_device({kn::Op::LogicalNot}, kBool, kBool, {mask}, op);
   return map<bool, bool>(as_bool(mask), [](bool v) { return !v; });
 }
 Tensor logical_and(const Tensor& a, const Tensor& b) {
-  return logical(a, b, "logical_and", [](bool x, bool y) { return x && y; });
+  return logical(a, b, "logical_and", kn::Op::LogicalAnd, [](bool x, bool y) { return x && y; });
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
-  return logical(a, b, "logical_or", [](bool x, bool y) { return x || y; });
+  return logical(a, b, "logical_or", kn::Op::LogicalOr, [](bool x, bool y) { return x || y; });
 }
 
 // --- where and masked_fill
@@ -881,7 +988,7 @@ struct WhereBackward final : Node {
   explicit WhereBackward(const Tensor& cond) { save(cond_, cond); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if (is_grad_enabled()) {  // create_graph
+    if (is_grad_enabled() || !on_cpu(g)) {  // create_graph, a device: in ops
       const Tensor cond = cond_.get();
       return {Tensor(), needs_grad(1) ? masked_fill(g, logical_not(cond), 0.0) : Tensor(),
               needs_grad(2) ? masked_fill(g, cond, 0.0) : Tensor()};
@@ -910,7 +1017,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   EMBER_CHECK(cond.dtype() == kBool, "{}: condition must be Bool, got {}", op, cond.dtype());
   const Shape shape =
       broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), op), b.shape(), op);
+  check_same_device(cond, a, op);
+  check_same_device(a, b, op);
   const DType t = promote(a.dtype(), b.dtype());
+  if (!on_cpu(a))
+    return record<WhereBackward>(op, on_device({kn::Op::Where}, t, t, {cond, a, b}, op),
+                                 {Tensor(), a, b}, cond);
   const Tensor x = as_type(a, t), y = as_type(b, t);
   Tensor out = empty(shape, t);
   dispatch_all(t, [&]<class T>() {
@@ -935,7 +1047,8 @@ struct MaskedFillBackward final : Node {
   explicit MaskedFillBackward(const Tensor& mask) { save(mask_, mask); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if (is_grad_enabled()) return {masked_fill(g, mask_.get(), 0.0)};  // create_graph
+    if (is_grad_enabled() || !on_cpu(g))  // create_graph, a device: in ops
+      return {masked_fill(g, mask_.get(), 0.0)};
     return {dispatch_float(g.dtype(), op(), [&]<class T>() {
       return zip<T, bool, T>(g, mask_.get(), op(), [](T d, bool m) { return m ? T(0) : d; });
     })};
@@ -950,6 +1063,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   constexpr std::string_view op = "masked_fill";
   profile::Scope scope(op);
   check_mask(x, mask, op);
+  check_same_device(x, mask, op);
+  if (!on_cpu(x))
+    return record<MaskedFillBackward>(
+        op, on_device({kn::Op::MaskedFill, value}, x.dtype(), x.dtype(), {x, mask}, op), {x}, mask);
   Tensor out = empty(x.shape(), x.dtype());
   dispatch_all(x.dtype(), [&]<class T>() {
     const T v = cast_value<T>(value);
@@ -999,13 +1116,18 @@ void check_result_fits(const Tensor& self, DType result, std::string_view op) {
 }
 
 template <class F>
-Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, F f) {
+Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, DeviceOp d, F f) {
   check_inplace(self, op);
   check_no_internal_overlap(self, op);
   check_inplace_operand(self, other, op);
+  check_same_device(self, other, op);
   check_result_fits(self, arith_type(self, other, Integral::Keep), op);
-  const Tensor y = as_type(other, self.dtype());
-  dispatch_all(self.dtype(), [&]<class T>() { binary_into<T, T, T>(self, y, self, f); });
+  if (!on_cpu(self)) {
+    elementwise_on_device(self, d.code, self.dtype(), {self, other}, op, d.p0, d.p1);
+  } else {
+    const Tensor y = as_type(other, self.dtype());
+    dispatch_all(self.dtype(), [&]<class T>() { binary_into<T, T, T>(self, y, self, f); });
+  }
   self.impl()->storage->bump_version();
   return self;
 }
@@ -1013,65 +1135,49 @@ Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, F
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& other) {
-  return inplace_binary(*this, other, "add_", []<class T>(T a, T b) { return wrapping_add(a, b); });
+  return inplace_binary(*this, other, "add_", {kn::Op::Add},
+                        []<class T>(T a, T b) { return wrapping_add(a, b); });
 }
 // torch's add_(other, alpha=): self += alpha · other in one pass.
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined(*this, "add_");
   check_defined(other, "add_");
   check_alpha(arith_type(*this, other, Integral::Keep), alpha, alpha, *this, other, "add_");
-  return inplace_binary(*this, other, "add_", scaled_sum(alpha));
+  return inplace_binary(*this, other, "add_", {kn::Op::AddScaled, alpha}, scaled_sum(alpha));
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  return inplace_binary(*this, other, "mul_", []<class T>(T a, T b) { return wrapping_mul(a, b); });
+  return inplace_binary(*this, other, "mul_", {kn::Op::Mul},
+                        []<class T>(T a, T b) { return wrapping_mul(a, b); });
 }
 // The scalar has the dtype `self op value` has (a whole value is integral: Note in scalar_type).
 Tensor& Tensor::add_(double value) {
   check_defined(*this, "add_");
-  return add_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep)));
+  return add_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep), device()));
 }
 Tensor& Tensor::mul_(double value) {
   check_defined(*this, "mul_");
-  return mul_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep)));
+  return mul_(scalar_tensor(value, scalar_type(*this, value, Integral::Keep), device()));
 }
 namespace {
 // copy_ converts to the tensor's dtype, as torch's; zero_ and fill_ write one value into every
 // element, so an expanded view may take them.
-// copy_ where a tensor is on a GPU: src broadcast and converted on the host, then one copy into
-// self's memory, which must be contiguous there (no strided GPU kernel yet). Until the elementwise
-// kernels have a CUDA side, this is how values reach a GPU tensor in place (nn::load).
-Tensor& copy_across_devices(Tensor& self, const Tensor& src, std::string_view op) {
-  const Tensor staged = src.detach().cpu().expand(self.shape()).to(self.dtype()).contiguous();
-  if (self.device().is_cpu()) {
-    copy_into(self, staged);
-  } else {
-    EMBER_CHECK(self.is_contiguous(),
-                "{}: writing into a non-contiguous tensor of shape {} on {} is not supported yet",
-                op, self.shape(), self.device());
-    cuda::detail::copy_bytes(self.data_bytes(), self.device(), staged.data_bytes(), kCPU,
-                             static_cast<size_t>(staged.numel()) * element_size(staged.dtype()));
-  }
-  self.impl()->storage->bump_version();
-  return self;
-}
-
 Tensor& inplace_copy(Tensor& self, const Tensor& src, std::string_view op) {
   check_inplace(self, op);
-  if (!self.device().is_cpu() || (src.defined() && !src.device().is_cpu())) {
-    check_inplace_operand(self, src, op);
-    return copy_across_devices(self, src, op);
-  }
   if (op == "copy_") check_no_internal_overlap(self, op);
   check_inplace_operand(self, src, op);
-  copy_into(self, src);
+  // From another device: the source moved to self's (one copy of its values), then written
+  // there by self's strided copy kernel.
+  copy_into(self, src.device() == self.device() ? src : src.detach().to(self.device()));
   self.impl()->storage->bump_version();
   return self;
 }
 }  // namespace
 
-Tensor& Tensor::zero_() { return inplace_copy(*this, scalar_tensor(0.0, dtype()), "zero_"); }
+Tensor& Tensor::zero_() {
+  return inplace_copy(*this, scalar_tensor(0.0, dtype(), device()), "zero_");
+}
 Tensor& Tensor::fill_(double value) {
-  return inplace_copy(*this, scalar_tensor(value, dtype()), "fill_");
+  return inplace_copy(*this, scalar_tensor(value, dtype(), device()), "fill_");
 }
 Tensor& Tensor::copy_(const Tensor& src) { return inplace_copy(*this, src, "copy_"); }
 
@@ -1080,10 +1186,15 @@ Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
   check_inplace(*this, op);
   check_no_internal_overlap(*this, op);
   check_mask(*this, mask, op);
-  dispatch_all(dtype(), [&]<class T>() {
-    const T v = cast_value<T>(value);
-    binary_into<T, bool, T>(*this, mask, *this, [=](T e, bool m) { return m ? v : e; });
-  });
+  check_same_device(*this, mask, op);
+  if (!on_cpu(*this)) {
+    elementwise_on_device(*this, kn::Op::MaskedFill, dtype(), {*this, mask}, op, value);
+  } else {
+    dispatch_all(dtype(), [&]<class T>() {
+      const T v = cast_value<T>(value);
+      binary_into<T, bool, T>(*this, mask, *this, [=](T e, bool m) { return m ? v : e; });
+    });
+  }
   impl()->storage->bump_version();
   return *this;
 }

@@ -10,6 +10,7 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
@@ -146,7 +147,11 @@ using Accumulator = std::conditional_t<std::is_floating_point_v<T>, double, int6
 // Sum over the reduced dims into a new tensor (keepdim layout) of dtype `out_dtype`.
 Tensor sum_impl(const Tensor& x, const std::vector<bool>& reduce, bool keepdim) {
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
-  Tensor out = empty(reduced_shape(x.shape(), reduce, keepdim), out_dtype);
+  Tensor out = empty(reduced_shape(x.shape(), reduce, keepdim), out_dtype, x.device());
+  if (!x.device().is_cpu()) {
+    sum_on_device(out, x, reduce, "sum");
+    return out;
+  }
   dispatch_all(x.dtype(), [&]<class T>() {
     using Acc = Accumulator<T>;
     const int64_t n = out.numel();

@@ -222,10 +222,10 @@ Tensor pad_along(const Tensor& g, int64_t dim, int64_t start, const Shape& shape
   std::vector<Tensor> parts;
   Shape side = shape;
   side[dim] = start;
-  if (start > 0) parts.push_back(zeros(side, g.dtype()));
+  if (start > 0) parts.push_back(zeros(side, g.dtype(), g.device()));
   parts.push_back(g);
   side[dim] = shape[dim] - start - g.size(dim);
-  if (side[dim] > 0) parts.push_back(zeros(side, g.dtype()));
+  if (side[dim] > 0) parts.push_back(zeros(side, g.dtype(), g.device()));
   return parts.size() == 1 ? g : cat(parts, dim);
 }
 
@@ -235,7 +235,7 @@ struct NarrowBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     if (is_grad_enabled()) return {pad_along(g, dim_, start_, input_shapes[0])};  // create_graph
-    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
     copy_into(narrow(grad_x, dim_, start_, g.size(dim_)), g);
     return {grad_x};
   }
@@ -268,7 +268,7 @@ struct SelectBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (is_grad_enabled())  // create_graph
       return {pad_along(unsqueeze(grads[0], dim_), dim_, index_, input_shapes[0])};
-    Tensor grad_x = zeros(input_shapes[0], grads[0].dtype());
+    Tensor grad_x = zeros(input_shapes[0], grads[0].dtype(), grads[0].device());
     copy_into(select_view(grad_x, dim_, index_), grads[0]);
     return {grad_x};
   }
@@ -301,7 +301,7 @@ struct SliceBackward final : Node {
   SliceBackward(int64_t dim, int64_t start, int64_t step) : dim_(dim), start_(start), step_(step) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
     copy_into(slice_view(grad_x, dim_, start_, g.size(dim_), step_), g);
     if (is_grad_enabled())  // create_graph: recorded as op slice_backward
       return {record<SliceBackwardBackward>("slice_backward", grad_x, {g}, dim_, start_, step_)};
@@ -316,19 +316,22 @@ struct SliceBackward final : Node {
 struct SplitBackward final : Node {
   SplitBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Device device = std::find_if(grads.begin(), grads.end(), [](const Tensor& g) {
+                            return g.defined();
+                          })->device();  // the engine calls a Node with at least one gradient
     if (is_grad_enabled()) {  // create_graph: the pieces joined by cat, zeros where none came
       std::vector<Tensor> pieces;
       for (size_t i = 0; i < sizes_.size(); ++i) {
         Shape shape = input_shapes[0];
         shape[dim_] = sizes_[i];
-        pieces.push_back(grads[i].defined() ? grads[i] : zeros(shape, input_dtypes[0]));
+        pieces.push_back(grads[i].defined() ? grads[i] : zeros(shape, input_dtypes[0], device));
       }
       return {cat(pieces, dim_)};
     }
     const bool all =
         std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
-    Tensor grad_x =
-        all ? empty(input_shapes[0], input_dtypes[0]) : zeros(input_shapes[0], input_dtypes[0]);
+    Tensor grad_x = all ? empty(input_shapes[0], input_dtypes[0], device)
+                        : zeros(input_shapes[0], input_dtypes[0], device);
     int64_t start = 0;
     for (size_t i = 0; i < sizes_.size(); ++i) {
       if (grads[i].defined()) copy_into(narrow_view(grad_x, dim_, start, sizes_[i]), grads[i]);

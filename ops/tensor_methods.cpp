@@ -55,7 +55,7 @@ Tensor Tensor::to(DType target) const {
   constexpr std::string_view op = "to";
   EMBER_CHECK(defined(), "{}: undefined tensor", op);
   if (target == dtype()) return *this;
-  Tensor out = empty(shape(), target);
+  Tensor out = empty(shape(), target, device());
   copy_into(out, *this);
   if (!is_floating(target)) return out;  // an integral result carries no gradient
   return record<ToBackward>(op, out, {*this});
@@ -98,7 +98,7 @@ Tensor Tensor::to(const Device& target, DType dtype) const {
 Tensor Tensor::clone() const {
   constexpr std::string_view op = "clone";
   EMBER_CHECK(defined(), "{}: undefined tensor", op);
-  Tensor out = empty(shape(), dtype());
+  Tensor out = empty(shape(), dtype(), device());
   copy_into(out, *this);
   return record<CloneBackward>(op, out, {*this});
 }

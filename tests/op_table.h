@@ -379,7 +379,60 @@ inline void anomaly_row(const OpCase& c) {
                                 << " made a non-finite result, but anomaly mode did not throw");
 }
 
+// A row on the CUDA device against the CPU, on each layout gradcheck uses (the device's leaves
+// hold the CPU leaves' values, its views their strides): the value in Float64 and Float32, and
+// in Float64 the input gradients for one upstream gradient, every result on the device.
+inline void device_row(const OpCase& c) {
+  manual_seed(seed_of(c.name) + 5);
+  for (Layout layout : layouts(c)) {
+    const LaidOut row = lay_out(c, layout);
+    BOOST_TEST_CONTEXT(layout_name(layout)) {
+      for (DType dtype : {kFloat64, kFloat32}) {
+        std::vector<Tensor> host, device;
+        for (const Tensor& leaf : row.leaves) {
+          const bool grad = leaf.requires_grad() && dtype == kFloat64;
+          Tensor h = leaf.detach().to(is_floating(leaf.dtype()) ? dtype : leaf.dtype());
+          Tensor d = h.to(kCUDA);
+          host.push_back(grad ? h.requires_grad_() : h);
+          device.push_back(grad ? d.requires_grad_() : d);
+        }
+        const Tensor want = row.through_views(host), got = row.through_views(device);
+        BOOST_TEST_REQUIRE(got.is_cuda(), "the result is on " << got.device());
+        BOOST_TEST((got.dtype() == want.dtype()),
+                   fmt::format("{} vs {}", got.dtype(), want.dtype()));
+        const bool f64 = dtype == kFloat64;
+        expect_close(got.cpu(), want, f64 ? 1e-10 : 1e-5, f64 ? 1e-12 : 1e-6,
+                     fmt::format("value in {}", dtype));
+        if (!f64 || !c.differentiable() || !want.requires_grad()) continue;
+        const Tensor up = randn(want.shape(), want.dtype());
+        want.backward(up);
+        got.backward(up.to(kCUDA));
+        for (size_t i = 0; i < host.size(); ++i) {
+          if (!host[i].requires_grad()) continue;
+          BOOST_TEST_REQUIRE(device[i].grad().defined(), "input " << i << " has no gradient");
+          BOOST_TEST(device[i].grad().is_cuda(),
+                     "input " << i << "'s gradient is on " << device[i].grad().device());
+          expect_close(device[i].grad().cpu(), host[i].grad(), 1e-10, 1e-12,
+                       fmt::format("gradient of input {}", i));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace detail
+
+// Every row of `table` on the CUDA device against the CPU (detail::device_row); one line and
+// nothing else where no device is usable (Note [Host emulation of a GPU] in
+// graph/device_backend.h: the emulated one runs them on any machine).
+inline void check_on_device(const OpTable& table) {
+  if (!cuda::is_available()) {
+    BOOST_TEST_MESSAGE("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  detail::for_rows(
+      table, [](const OpCase&) { return true; }, detail::device_row);
+}
 
 // The three drivers a family's test file calls on its table.
 inline void check_gradients(const OpTable& table) {

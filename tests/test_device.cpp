@@ -230,6 +230,25 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   expect_equal(x.narrow(0, 1, 2).cuda().cpu(), x.narrow(0, 1, 2));  // contiguous, at an offset
   expect_equal(g.transpose(0, 1).narrow(0, 1, 3).cpu(), x.transpose(0, 1).narrow(0, 1, 3));
   expect_equal(zeros({0, 4}, kFloat32, kCUDA).cpu(), zeros({0, 4}));
+  // on the device: dtype conversions, strided copies, writes into views from either device
+  BOOST_TEST(g.to(kFloat32).is_cuda());
+  expect_equal(g.to(kFloat32).cpu(), x.to(kFloat32));
+  expect_equal(g.to(kInt64).cpu(), x.to(kInt64));
+  expect_equal(g.transpose(0, 1).contiguous().cpu(), x.transpose(0, 1).contiguous());
+  Tensor part = zeros({3, 5}, kFloat64, kCUDA), want = zeros({3, 5}, kFloat64);
+  part.narrow(1, 1, 2).copy_(x.narrow(1, 0, 2));  // from the host into a device view
+  want.narrow(1, 1, 2).copy_(x.narrow(1, 0, 2));
+  part.select(0, 2).copy_(g.select(0, 0));  // within the device
+  want.select(0, 2).copy_(x.select(0, 0));
+  part.transpose(0, 1).select(0, 4).fill_(7);
+  want.transpose(0, 1).select(0, 4).fill_(7);
+  expect_equal(part.cpu(), want);
+  // sums over dims (and the broadcast gradients the engine sums with them)
+  expect_close(g.sum({0}).cpu(), x.sum({0}), 1e-12, 1e-12);
+  expect_close(g.transpose(0, 1).sum({-1}, true).cpu(), x.transpose(0, 1).sum({-1}, true), 1e-12,
+               1e-12);
+  BOOST_TEST(full({2, 3}, 1, kBool, kCUDA).sum().item<int64_t>() == 6);
+  expect_equal(zeros({0, 3}, kFloat32, kCUDA).sum({0}).cpu(), zeros({3}));
   // creation on the device
   expect_equal(full({2, 2}, 3, kInt64, kCUDA).cpu(), full({2, 2}, 3, kInt64));
   manual_seed(3);
@@ -286,7 +305,7 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   expect_error([&] { (void)matmul(x, g.transpose(0, 1)); },
                {"matmul", "one device", "cpu", "cuda:0"});
   // an op without a CUDA kernel refuses the device's tensors rather than reading them
-  expect_error([&] { (void)exp(g); }, {"CPU kernel", "cuda:0", ".cpu()"});
+  expect_error([&] { (void)cumsum(g, 0); }, {"CPU kernel", "cuda:0", ".cpu()"});
   expect_error([&] { lin.to(Device(DeviceType::CUDA, cuda::device_count())); },
                {"to", "CUDA device(s)"});
 }

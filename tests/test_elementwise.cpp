@@ -134,6 +134,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kElementwiseOps); }
 
 BOOST_AUTO_TEST_CASE(dtypes_and_logic) {
   const Tensor i = tensor({1, 2, 3}, kInt64);

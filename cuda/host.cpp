@@ -1,0 +1,46 @@
+// The emulated device's kernels (Note [Host emulation of a GPU] in graph/device_backend.h): the
+// GPU's kernel bodies (cuda/elementwise.h) run by a plain host loop, one element after another
+// as a grid-stride loop's threads would, on memory the emulated device holds in host RAM.
+#include <cstring>
+
+#include "cuda/elementwise.h"
+#include "cuda/kernels.h"
+#include "cuda/reduce.h"
+
+namespace ember::cuda::kernels {
+
+namespace {
+
+int fill_on_host(void* data, int64_t n, size_t element_size, uint64_t pattern, void*) {
+  if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8)
+    return kUnsupported;
+  auto* bytes = static_cast<unsigned char*>(data);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(bytes + static_cast<size_t>(i) * element_size, &pattern, element_size);
+  return 0;
+}
+
+int elementwise_on_host(const Elementwise& args, void*) {
+  if (!supported(args.op, args.compute)) return kUnsupported;
+  for (int64_t i = 0; i < args.numel; ++i) elementwise_element(args, i);
+  return 0;
+}
+
+int sum_on_host(const Reduce& r, void*) {
+  for (int64_t j = 0; j < r.out_numel; ++j) {
+    if (reduce_in_double(r))
+      reduce_store<double>(r, j, reduce_partial<double>(r, j, 0, 1));
+    else
+      reduce_store<int64_t>(r, j, reduce_partial<int64_t>(r, j, 0, 1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+const Table& host_table() {
+  static const Table table{fill_on_host, elementwise_on_host, sum_on_host};
+  return table;
+}
+
+}  // namespace ember::cuda::kernels

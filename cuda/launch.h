@@ -1,0 +1,32 @@
+// What the GPU's kernels share (nvcc only): the launch shape of a grid-stride loop, and the
+// entry points cuda/table.cu gathers into the device's table.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace ember::cuda::kernels {
+
+inline constexpr int kThreads = 256;
+inline constexpr int64_t kMaxBlocks = 65535;
+
+// Blocks of kThreads for n elements, at most kMaxBlocks: a grid-stride loop covers any n.
+inline unsigned blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+__device__ inline int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+int fill_on_device(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream);
+int elementwise_on_device(const Elementwise& args, void* stream);
+int sum_on_device(const Reduce& args, void* stream);
+
+}  // namespace ember::cuda::kernels

@@ -1,0 +1,11 @@
+// The GPU's table of kernels (cuda/kernels.h).
+#include "cuda/launch.h"
+
+namespace ember::cuda::kernels {
+
+const Table& device_table() {
+  static const Table table{fill_on_device, elementwise_on_device, sum_on_device};
+  return table;
+}
+
+}  // namespace ember::cuda::kernels

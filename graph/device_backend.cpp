@@ -1,0 +1,107 @@
+// The elementwise launch of a CUDA device (Note [Host emulation of a GPU] says how it is tested
+// without one): operands' strides over the output's shape, adjacent dims merged where every
+// operand allows, and one kernel.
+#include "graph/device_backend.h"
+
+#include "graph/strided.h"
+
+namespace ember {
+
+static_assert(
+    static_cast<int>(DType::Float32) == static_cast<int>(cuda::kernels::ScalarType::Float32) &&
+        static_cast<int>(DType::Float64) == static_cast<int>(cuda::kernels::ScalarType::Float64) &&
+        static_cast<int>(DType::Int64) == static_cast<int>(cuda::kernels::ScalarType::Int64) &&
+        static_cast<int>(DType::Bool) == static_cast<int>(cuda::kernels::ScalarType::Bool),
+    "cuda/elementwise.h's ScalarType must list graph/dtype.h's dtypes in their order");
+static_assert(cuda::kernels::kMaxDims == static_cast<int>(kMaxDims));
+
+void elementwise_on_device(const Tensor& out, cuda::kernels::Op op, DType compute,
+                           std::initializer_list<Tensor> inputs, std::string_view name, double p0,
+                           double p1) {
+  namespace kn = cuda::kernels;
+  const size_t n = inputs.size();
+  EMBER_CHECK(n == static_cast<size_t>(kn::arity(op)),
+              "{}: the elementwise kernel takes {} inputs, got {}", name, kn::arity(op), n);
+  kn::Elementwise e;
+  e.op = op;
+  e.compute = scalar_type_of(compute);
+  e.p0 = p0;
+  e.p1 = p1;
+  e.numel = out.numel();
+  // Every operand's strides over out's shape (0 along broadcast dims), then the dims merged as
+  // the CPU's StridedLoop does: size-1 dims dropped, dim d folded into the one before it when
+  // every operand steps through both as one.
+  std::vector<Shape> strides{out.strides()};
+  for (const Tensor& t : inputs) {
+    EMBER_CHECK(t.defined(), "{}: undefined tensor", name);
+    EMBER_CHECK(t.device() == out.device(),
+                "{}: expected all tensors on one device, got {} and {} (shapes {} and {})", name,
+                out.device(), t.device(), out.shape(), t.shape());
+    strides.push_back(broadcast_strides(t, out.shape()));
+  }
+  const Shape& shape = out.shape();
+  Shape sizes;
+  std::vector<Shape> merged(n + 1);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !sizes.empty();
+    for (size_t k = 0; k <= n && merge; ++k) merge = merged[k].back() == strides[k][d] * shape[d];
+    if (merge) {
+      sizes.back() *= shape[d];
+      for (size_t k = 0; k <= n; ++k) merged[k].back() = strides[k][d];
+    } else {
+      sizes.push_back(shape[d]);
+      for (size_t k = 0; k <= n; ++k) merged[k].push_back(strides[k][d]);
+    }
+  }
+  e.ndim = static_cast<int>(sizes.size());
+  e.contiguous = true;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    e.sizes[d] = sizes[d];
+    for (size_t k = 0; k <= n; ++k)
+      e.contiguous = e.contiguous && sizes.size() == 1 && merged[k][d] == 1;
+  }
+  const auto operand = [&](const Tensor& t, size_t k) {
+    kn::Operand o;
+    o.data = t.data_bytes();
+    o.type = scalar_type_of(t.dtype());
+    for (size_t d = 0; d < sizes.size(); ++d) o.strides[d] = merged[k][d];
+    return o;
+  };
+  e.out = operand(out, 0);
+  size_t k = 1;
+  for (const Tensor& t : inputs) {
+    e.in[k - 1] = operand(t, k);
+    ++k;
+  }
+  if (e.numel == 0) return;
+  cuda::detail::launch_elementwise(e, out.device(), name);
+}
+
+void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce,
+                   std::string_view name) {
+  EMBER_CHECK(out.device() == x.device() && out.is_contiguous(),
+              "{}: the sum's output must be contiguous and on the input's device", name);
+  cuda::kernels::Reduce r;
+  r.in = x.data_bytes();
+  r.in_type = scalar_type_of(x.dtype());
+  r.out = out.data_bytes();
+  r.out_type = scalar_type_of(out.dtype());
+  r.out_numel = out.numel();
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (x.size(d) == 1) continue;  // nothing to index
+    if (reduce[static_cast<size_t>(d)]) {
+      r.reduced_sizes[r.reduced_ndim] = x.size(d);
+      r.reduced_strides[r.reduced_ndim++] = x.stride(d);
+      r.reduced_numel *= x.size(d);
+    } else {
+      r.kept_sizes[r.kept_ndim] = x.size(d);
+      r.kept_strides[r.kept_ndim++] = x.stride(d);
+    }
+  }
+  if (r.out_numel == 0) return;
+  if (x.numel() == 0) r.reduced_numel = 0;  // every output an empty sum: 0
+  cuda::detail::launch_sum(r, out.device(), name);
+}
+
+}  // namespace ember

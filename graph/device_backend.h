@@ -1,0 +1,63 @@
+// Running the CUDA backend's kernels (cuda/kernels.h) on a device: its table of kernels, its
+// stream, and a failed launch as an Error naming the op. Internal: for ops/, not installed.
+//
+// Note [Host emulation of a GPU]
+// With EMBER_CUDA_EMULATE=1 in its environment (read once, at the first question about
+// devices), a process has one CUDA device, cuda:0, that is the host in disguise: its memory is
+// host memory handed out by the same caching allocator, its copies are memcpy, and its kernels
+// are the GPU's kernel bodies (cuda/elementwise.h and the like, written once as host-and-device
+// code) run by a host loop (cuda/host.cpp). So everything between the API and the kernels runs,
+// and is tested, on a machine without a GPU and in every build, the sanitizers' included (they
+// then check the kernels' memory accesses too): each op's dispatch to the device's table, the
+// strides and dtypes handed to a kernel, tensors, copies and the allocator's books on the
+// device, backward on the device, Module::to and the optimizers on device parameters. What it
+// cannot show is what only a GPU has: launch configurations, the device's math library, streams
+// running ahead of the host. So a CUDA path counts as done once it has also run on a GPU
+// (tools/gpu-check.sh). It takes the place of any real GPU; it is for tests, never for use.
+#pragma once
+
+#include <string_view>
+
+#include <vector>
+
+#include "cuda/elementwise.h"
+#include "cuda/reduce.h"
+#include "graph/device.h"
+#include "graph/tensor.h"
+
+namespace ember::cuda::detail {
+
+// True when EMBER_CUDA_EMULATE=1: cuda:0 is the host (Note [Host emulation of a GPU]).
+bool emulated();
+
+// Queues one elementwise kernel (cuda/elementwise.h) on `device`'s stream; an Error naming `op`
+// when the device is unusable or the launch fails.
+void launch_elementwise(const kernels::Elementwise& args, const Device& device,
+                        std::string_view op);
+// Queues one sum (cuda/reduce.h) likewise.
+void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op);
+
+}  // namespace ember::cuda::detail
+
+namespace ember {
+
+// cuda/'s element type of a dtype (the same order).
+inline cuda::kernels::ScalarType scalar_type_of(DType t) {
+  return static_cast<cuda::kernels::ScalarType>(static_cast<int>(t));
+}
+
+// out = op(inputs...) elementwise on out's device (a CUDA one), the inputs on it too and
+// broadcast to out's shape, each converted to `compute` and the result to out's dtype; p0, p1
+// the op's parameters. `name` is the op named in errors. out may alias an input elementwise (an
+// in-place op), never partially.
+void elementwise_on_device(const Tensor& out, cuda::kernels::Op op, DType compute,
+                           std::initializer_list<Tensor> inputs, std::string_view name,
+                           double p0 = 0, double p1 = 0);
+
+// out = the sum of x over the dims where reduce[d], on x's device (a CUDA one): out contiguous,
+// of x's shape with the reduced dims of size 1 (keepdim) or gone, accumulated in double (floating
+// x) or int64 and stored converted to out's dtype.
+void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce,
+                   std::string_view name);
+
+}  // namespace ember
