@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cuda/elementwise.h"
+#include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/reduce.h"
 
@@ -36,10 +37,16 @@ int sum_on_host(const Reduce& r, void*) {
   return 0;
 }
 
+int gemm_on_host(const Gemm& g, void*) {
+  if (g.type == ScalarType::Float32) return gemm_reference<float>(g), 0;
+  if (g.type == ScalarType::Float64) return gemm_reference<double>(g), 0;
+  return kUnsupported;
+}
+
 }  // namespace
 
 const Table& host_table() {
-  static const Table table{fill_on_host, elementwise_on_host, sum_on_host};
+  static const Table table{fill_on_host, elementwise_on_host, sum_on_host, gemm_on_host};
   return table;
 }
 

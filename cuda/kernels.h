@@ -14,9 +14,12 @@ namespace ember::cuda::kernels {
 
 struct Elementwise;  // cuda/elementwise.h
 struct Reduce;       // cuda/reduce.h
+struct Gemm;         // cuda/gemm.h
 
 // An op asked in a type it is not defined in (cuda/elementwise.h's supported()).
 inline constexpr int kUnsupported = -1;
+// cuBLAS's status s comes back as kCublasError + s (cuda/gemm.cu).
+inline constexpr int kCublasError = 100000;
 
 struct Table {
   // data[i] = pattern for i in [0, n): elements of element_size bytes (1, 2, 4 or 8), each the
@@ -26,6 +29,8 @@ struct Table {
   int (*elementwise)(const Elementwise& args, void* stream);
   // Sums over a set of dims into a contiguous output (cuda/reduce.h).
   int (*sum)(const Reduce& args, void* stream);
+  // A batch of products at constant strides (cuda/gemm.h).
+  int (*gemm)(const Gemm& args, void* stream);
 };
 
 // The GPU's kernels: only in a build with CUDA (EMBER_WITH_CUDA).

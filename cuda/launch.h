@@ -28,5 +28,6 @@ __device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x)
 int fill_on_device(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream);
 int elementwise_on_device(const Elementwise& args, void* stream);
 int sum_on_device(const Reduce& args, void* stream);
+int gemm_on_device(const Gemm& args, void* stream);
 
 }  // namespace ember::cuda::kernels

@@ -204,6 +204,9 @@ void check_launch(int status, std::string_view what, std::string_view op) {
   if (status == kernels::kUnsupported)
     throw Error(fmt::format("{}: the CUDA backend's {} kernel does not support this op or dtype",
                             op, what));
+  if (status >= kernels::kCublasError)
+    throw Error(
+        fmt::format("{}: cuBLAS failed with status {}", op, status - kernels::kCublasError));
 #ifdef EMBER_WITH_CUDA
   const auto error = static_cast<cudaError_t>(status);
   throw Error(fmt::format("{}: the CUDA {} kernel's launch failed: {} ({})", op, what,
@@ -314,6 +317,14 @@ void launch_elementwise(const kernels::Elementwise& args, const Device& device,
   DeviceGuard guard(device.index());
 #endif
   check_launch(table().elementwise(args, state(device.index()).stream), "elementwise", op);
+}
+
+void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op) {
+  check_device(device, op);
+#ifdef EMBER_WITH_CUDA
+  DeviceGuard guard(device.index());
+#endif
+  check_launch(table().gemm(args, state(device.index()).stream), "gemm", op);
 }
 
 void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/elementwise.h"
+#include "cuda/gemm.h"
 #include "cuda/reduce.h"
 #include "graph/device.h"
 #include "graph/tensor.h"
@@ -36,6 +37,8 @@ void launch_elementwise(const kernels::Elementwise& args, const Device& device,
                         std::string_view op);
 // Queues one sum (cuda/reduce.h) likewise.
 void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op);
+// Queues one batch of products (cuda/gemm.h) likewise.
+void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op);
 
 }  // namespace ember::cuda::detail
 

@@ -16,6 +16,7 @@
 
 #include "graph/autograd.h"
 #include "graph/copy.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
@@ -68,7 +69,7 @@ BlasLayout flipped(BlasLayout l) {
 }
 
 Tensor dense_copy(const Tensor& x) {
-  Tensor out = empty(x.shape(), x.dtype());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
   copy_into(out, x);
   return out;
 }
@@ -381,11 +382,105 @@ void loop_product(Loop loop, int64_t m, int64_t n, int64_t k, T alpha, StridedMa
 }
 
 // c = alpha · a · b + beta · c on 2-D views; c must have a BLAS layout (checked by callers).
+// --- products on a CUDA device: cuda/gemm.h (cuBLAS), the operands in BLAS's layouts as above
+
+namespace kn = cuda::kernels;
+
+kn::Precision device_precision() {
+  switch (g_precision.load(std::memory_order_relaxed)) {
+    case MatmulPrecision::High:
+      return kn::Precision::High;
+    case MatmulPrecision::Medium:
+      return kn::Precision::Medium;
+    default:
+      return kn::Precision::Highest;
+  }
+}
+
+// g's op(A) (m, k) and op(B) (k, n) from two operands in BLAS layouts.
+void set_operands(kn::Gemm& g, int64_t m, int64_t n, int64_t k, const Tensor& a, BlasLayout la,
+                  const Tensor& b, BlasLayout lb) {
+  g.m = m, g.n = n, g.k = k;
+  g.a = a.data_bytes(), g.lda = la.ld, g.trans_a = la.trans == CblasTrans;
+  g.b = b.data_bytes(), g.ldb = lb.ld, g.trans_b = lb.trans == CblasTrans;
+}
+
+kn::Gemm device_gemm_args(DType dtype, double alpha, double beta) {
+  kn::Gemm g;
+  g.type = scalar_type_of(dtype);
+  g.precision = device_precision();
+  g.alpha = alpha, g.beta = beta;
+  return g;
+}
+
+// c (m, n), row- or column-major, = alpha · a · b + beta · c (+ bias in every row, beta unused)
+// on c's device.
+void device_gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta,
+                 const Tensor& bias) {
+  const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
+  if (bias.defined()) {
+    copy_into(c, bias);
+    beta = 1;
+  }
+  if (m == 0 || n == 0) return;
+  const Operand oa = blas_operand(a), ob = blas_operand(b);
+  const BlasLayout lc = *blas_layout(c);
+  kn::Gemm g = device_gemm_args(c.dtype(), alpha, beta);
+  if (lc.trans == CblasNoTrans)
+    set_operands(g, m, n, k, oa.t, oa.layout, ob.t, ob.layout);
+  else  // the row-major cᵀ = bᵀ · aᵀ
+    set_operands(g, n, m, k, ob.t, flipped(ob.layout), oa.t, flipped(oa.layout));
+  g.c = c.data_bytes(), g.ldc = lc.ld;
+  cuda::detail::launch_gemm(g, c.device(), "matmul");
+}
+
+// An operand of a batched product on the device: its matrices in a BLAS layout at one stride
+// apart over `batch` (0 for one matrix broadcast to all), copied out densely where its batch
+// dims do not step evenly.
+struct BatchOperand {
+  Operand matrix;
+  int64_t stride;
+};
+
+std::vector<int64_t> batch_offsets(const Tensor& x, const Shape& batch);
+
+BatchOperand batch_operand(const Tensor& x, const Shape& batch) {
+  Operand o = blas_operand(x);
+  const std::vector<int64_t> offsets = batch_offsets(o.t, batch);
+  const int64_t stride = offsets.size() > 1 ? offsets[1] - offsets[0] : 0;
+  bool even = true;
+  for (size_t i = 0; i < offsets.size() && even; ++i)
+    even = offsets[i] == static_cast<int64_t>(i) * stride;
+  if (even) return {o, stride};
+  Shape full = batch;
+  full.push_back(x.size(-2));
+  full.push_back(x.size(-1));
+  const Tensor dense =
+      dense_copy(make_view(o.t, full, broadcast_strides(o.t, full), o.t.storage_offset()));
+  return {{dense, *blas_layout(dense)}, x.size(-2) * x.size(-1)};
+}
+
+// out (batch..., m, n), contiguous = a (..., m, k) · b (..., k, n) on out's device, one launch.
+void device_batched_gemm(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t m = out.size(-2), n = out.size(-1), k = a.size(-1);
+  const Shape batch(out.shape().begin(), out.shape().end() - 2);
+  const int64_t count = shape_numel(batch);
+  if (count == 0 || m == 0 || n == 0) return;
+  const BatchOperand oa = batch_operand(a, batch), ob = batch_operand(b, batch);
+  kn::Gemm g = device_gemm_args(out.dtype(), 1, 0);
+  set_operands(g, m, n, k, oa.matrix.t, oa.matrix.layout, ob.matrix.t, ob.matrix.layout);
+  g.stride_a = oa.stride, g.stride_b = ob.stride;
+  g.c = out.data_bytes(), g.ldc = n, g.stride_c = m * n;
+  g.batch = count;
+  cuda::detail::launch_gemm(g, out.device(), "matmul");
+}
+
 // A column-major c is filled as the row-major cᵀ = bᵀ · aᵀ. With a bias (n values, linear's),
 // c = alpha · a · b + bias in every row, beta unused.
 template <class T>
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T beta,
                const Tensor& bias = {}) {
+  if (!c.device().is_cpu()) return device_gemm(a, b, c, alpha, beta, bias);
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   const Loop loop = product_loop<T>(m, n, k);
@@ -529,11 +624,13 @@ Tensor mm(const Tensor& a, const Tensor& b, const Shape& batch) {
   Shape shape = batch;
   shape.push_back(a.size(-2));
   shape.push_back(n);
-  Tensor out = empty(shape, a.dtype());
+  Tensor out = empty(shape, a.dtype(), a.device());
   dispatch_float(a.dtype(), "matmul", [&]<class T>() {
     std::optional<Tensor> rows = b.dim() == 2 ? fold_rows(a) : std::nullopt;
     if (rows) {
       gemm_into<T>(*rows, b, make_view(out, {rows->size(0), n}, {n, 1}, 0), T(1), T(0));
+    } else if (!out.device().is_cpu()) {
+      device_batched_gemm(a, b, out);
     } else {
       batched_gemm<T>(a, b, out);
     }
@@ -598,7 +695,7 @@ struct MatmulBackward final : Node {
       if (input_shapes[1].size() <= 2) {
         // dB = Σ_batch Aᵀ · dC = A_rowsᵀ · dC_rows: the batch sum folds into one product
         const Tensor a_rows = rows_of(a), g_rows = rows_of(g);
-        grad_b = empty({a_rows.size(1), g_rows.size(1)}, g.dtype());
+        grad_b = empty({a_rows.size(1), g_rows.size(1)}, g.dtype(), g.device());
         gemm(mT(a_rows), g_rows, grad_b);
       } else {
         // dB = Aᵀ · dC
@@ -709,13 +806,13 @@ struct LinearBackward final : Node {
     Tensor grad_x, grad_w, grad_b;
     if (needs_grad(0)) {
       // dX = dY · W
-      grad_x = empty(input_shapes[0], g.dtype());
+      grad_x = empty(input_shapes[0], g.dtype(), g.device());
       gemm(g, weight_.get(),
            make_view(grad_x, {g.size(0), input_shapes[1][1]}, {input_shapes[1][1], 1}, 0));
     }
     if (needs_grad(1)) {
       // dW = dYᵀ · X
-      grad_w = empty(input_shapes[1], g.dtype());
+      grad_w = empty(input_shapes[1], g.dtype(), g.device());
       gemm(mT(g), x_rows_.get(), grad_w);
     }
     // db = Σ_rows dY
@@ -749,6 +846,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
               "{}: input of shape {} has {} features, weight of shape {} expects {}", op, x.shape(),
               x.size(-1), weight.shape(), weight.size(1));
   if (bias.defined()) {
+    check_same_device(x, bias, op);
     EMBER_CHECK(is_floating(bias.dtype()), "{}: expected a Float32 or Float64 bias, got {}", op,
                 bias.dtype());
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
@@ -763,7 +861,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t out_features = w.size(0);
   Shape shape = in.shape();
   shape.back() = out_features;
-  Tensor out = empty(shape, dtype);
+  Tensor out = empty(shape, dtype, in.device());
   // x (N, in) · Wᵀ (in, out) + the bias in every row of out
   const Tensor x_rows = rows_of(in);
   const Tensor out_rows = make_view(out, {x_rows.size(0), out_features}, {out_features, 1}, 0);
@@ -776,6 +874,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta) {
   EMBER_CHECK(a.defined() && b.defined() && c.defined(), "gemm: undefined tensor");
+  check_same_device(a, c, "gemm");
+  check_same_device(b, c, "gemm");
   EMBER_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
               "gemm: expected 2-D tensors, got shapes {}, {} and {}", a.shape(), b.shape(),
               c.shape());

@@ -249,6 +249,18 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
                1e-12);
   BOOST_TEST(full({2, 3}, 1, kBool, kCUDA).sum().item<int64_t>() == 6);
   expect_equal(zeros({0, 3}, kFloat32, kCUDA).sum({0}).cpu(), zeros({3}));
+  // products into a column-major output, with alpha and beta, and an empty inner dim
+  {
+    const Tensor a = randn({4, 3}, kFloat64), b = randn({3, 5}, kFloat64);
+    const Tensor c0 = randn({5, 4}, kFloat64);
+    Tensor c = c0.clone(), c_dev = c0.cuda();
+    gemm(a, b, c.transpose(0, 1), 0.5, 2.0);
+    gemm(a.cuda(), b.cuda(), c_dev.transpose(0, 1), 0.5, 2.0);
+    expect_close(c_dev.cpu(), c, 1e-12, 1e-12);
+    Tensor empty_k = full({2, 3}, 1.5, kFloat64, kCUDA);
+    gemm(zeros({2, 0}, kFloat64, kCUDA), zeros({0, 3}, kFloat64, kCUDA), empty_k, 1.0, 2.0);
+    expect_equal(empty_k.cpu(), full({2, 3}, 3.0, kFloat64));
+  }
   // creation on the device
   expect_equal(full({2, 2}, 3, kInt64, kCUDA).cpu(), full({2, 2}, 3, kInt64));
   manual_seed(3);

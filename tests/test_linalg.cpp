@@ -180,6 +180,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kLinalgOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kLinalgOps); }
 
 BOOST_AUTO_TEST_CASE(blas_cases_gradcheck_and_reference) {
   manual_seed(7);

@@ -8,18 +8,21 @@
 #                               # packed (66 MB unpacked, over what a device call carries)
 #   tools/gpu-check.sh run      # there, from the repository root, gpu-bundle.tar.xz carried (the
 #                               # device tool's carry: ["gpu-bundle.tar.xz"], it is ignored): the
-#                               # machine (nvidia-smi, the processor) and the device suite, to
-#                               # logs under $OUT (default out/gpu-check); the op tables' CUDA
-#                               # rows join it as the backend's kernels land
+#                               # machine (nvidia-smi, the processor) and the CUDA suite
+#                               # (DEVICE_TESTS below), to logs under $OUT (default
+#                               # out/gpu-check); each op table joins it as its kernels land
 #
 # The GPU machine has CUDA's driver, none of Ember's Debian packages and no network: the bundle
 # carries OpenBLAS, fmt, Boost.Test, libgomp, libgfortran and the CUDA runtime Ember was built
-# against. A suite's CUDA cases skip with one line where no GPU is usable, so `run` works here
+# against; cuBLAS it finds there. A suite's CUDA cases skip with one line where no GPU is usable, so `run` works here
 # too (as a check of the bundle).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 BUNDLE=gpu-bundle
+# The CUDA suite: the device cases and the op tables' rows on the device (tests/CMakeLists.txt's
+# device_emulated runs the same on the emulated device)
+DEVICE_TESTS=test_device:test_elementwise/table_on_device:test_linalg/table_on_device
 case "${1:-}" in
 bundle)
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DEMBER_NATIVE=OFF -DEMBER_CUDA=ON \
@@ -31,7 +34,7 @@ bundle)
   # machine's are newer, and backward compatible)
   for bin in "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy; do ldd "$bin"; done |
     awk '$3 ~ /^\// { print $3 }' | sort -u |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcublas|libcublasLt)\.so' |
     while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
   strip "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy "$BUNDLE"/char_lm "$BUNDLE"/pinn
   tar -cJf "$BUNDLE.tar.xz" "$BUNDLE" && rm -rf "$BUNDLE"
@@ -46,11 +49,18 @@ run)
   UNPACKED=$(mktemp -d)
   tar -C "$UNPACKED" -xJf "$BUNDLE.tar.xz"
   BIN="$UNPACKED/$BUNDLE"
-  export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # cuBLAS (600 MB, over what a device call carries) is the machine's own: its CUDA toolkit's,
+  # or the nvidia-cublas wheel PyTorch runs on
+  CUBLAS=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib /opt -name 'libcublas.so.13' 2>/dev/null |
+    head -n 1)
+  [ -n "$CUBLAS" ] || CUBLAS=$(python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' \
+    2>/dev/null | xargs -r -I{} find {} -name 'libcublas.so.13' 2>/dev/null | head -n 1)
+  echo "cuBLAS: ${CUBLAS:-not found}"
+  export LD_LIBRARY_PATH="$BIN/lib${CUBLAS:+:$(dirname "$CUBLAS")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export EMBER_GOLDEN_DIR="$ROOT/tests/golden"
   { nvidia-smi || echo "no nvidia-smi"; lscpu | sed -n 's/^Model name: *//p'; } >"$OUT/machine.txt" 2>&1
   status=0
-  "$BIN/ember_tests" --run_test=test_device --log_level=message >"$OUT/device.log" 2>&1 ||
+  "$BIN/ember_tests" --run_test="$DEVICE_TESTS" --log_level=message >"$OUT/device.log" 2>&1 ||
     status=1
   tail -n 3 "$OUT/device.log"
   exit "$status"
