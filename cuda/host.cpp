@@ -5,8 +5,10 @@
 
 #include "cuda/elementwise.h"
 #include "cuda/gemm.h"
+#include "cuda/index.h"
 #include "cuda/kernels.h"
 #include "cuda/reduce.h"
+#include "cuda/rows.h"
 
 namespace ember::cuda::kernels {
 
@@ -43,10 +45,22 @@ int gemm_on_host(const Gemm& g, void*) {
   return kUnsupported;
 }
 
+int rows_on_host(const Rows& r, void*) {
+  if (!supported(r)) return kUnsupported;
+  for (int64_t i = 0; i < r.rows; ++i) row_element(r, i);
+  return 0;
+}
+
+int index_on_host(const IndexAlong& a, void*) {
+  for (int64_t i = 0; i < a.numel; ++i) index_element(a, i);
+  return 0;
+}
+
 }  // namespace
 
 const Table& host_table() {
-  static const Table table{fill_on_host, elementwise_on_host, sum_on_host, gemm_on_host};
+  static const Table table{fill_on_host, elementwise_on_host, sum_on_host,
+                           gemm_on_host, rows_on_host,        index_on_host};
   return table;
 }
 

@@ -15,6 +15,8 @@ namespace ember::cuda::kernels {
 struct Elementwise;  // cuda/elementwise.h
 struct Reduce;       // cuda/reduce.h
 struct Gemm;         // cuda/gemm.h
+struct Rows;         // cuda/rows.h
+struct IndexAlong;   // cuda/index.h
 
 // An op asked in a type it is not defined in (cuda/elementwise.h's supported()).
 inline constexpr int kUnsupported = -1;
@@ -31,6 +33,10 @@ struct Table {
   int (*sum)(const Reduce& args, void* stream);
   // A batch of products at constant strides (cuda/gemm.h).
   int (*gemm)(const Gemm& args, void* stream);
+  // An op along one dim, a row at a time (cuda/rows.h).
+  int (*rows)(const Rows& args, void* stream);
+  // gather or scatter_add along one dim (cuda/index.h).
+  int (*index)(const IndexAlong& args, void* stream);
 };
 
 // The GPU's kernels: only in a build with CUDA (EMBER_WITH_CUDA).

@@ -29,5 +29,7 @@ int fill_on_device(void* data, int64_t n, size_t element_size, uint64_t pattern,
 int elementwise_on_device(const Elementwise& args, void* stream);
 int sum_on_device(const Reduce& args, void* stream);
 int gemm_on_device(const Gemm& args, void* stream);
+int rows_on_device(const Rows& args, void* stream);
+int index_on_device(const IndexAlong& args, void* stream);
 
 }  // namespace ember::cuda::kernels

@@ -4,7 +4,8 @@
 namespace ember::cuda::kernels {
 
 const Table& device_table() {
-  static const Table table{fill_on_device, elementwise_on_device, sum_on_device, gemm_on_device};
+  static const Table table{fill_on_device, elementwise_on_device, sum_on_device,
+                           gemm_on_device, rows_on_device,        index_on_device};
   return table;
 }
 

@@ -13,8 +13,10 @@
 #endif
 
 #include "cuda/elementwise.h"
+#include "cuda/index.h"
 #include "cuda/kernels.h"
 #include "cuda/reduce.h"
+#include "cuda/rows.h"
 #include "graph/caching_allocator.h"
 #include "graph/device_backend.h"
 #include "graph/error.h"
@@ -216,6 +218,18 @@ void check_launch(int status, std::string_view what, std::string_view op) {
 #endif
 }
 
+// Runs the table's `entry` on `device`'s stream with `args`; an Error naming `op` when the
+// device is unusable or the kernel (`what`) refuses or fails to launch.
+template <class Args>
+void launch(int (*kernels::Table::*entry)(const Args&, void*), const Args& args,
+            const Device& device, std::string_view what, std::string_view op) {
+  check_device(device, op);
+#ifdef EMBER_WITH_CUDA
+  DeviceGuard guard(device.index());
+#endif
+  check_launch((table().*entry)(args, state(device.index()).stream), what, op);
+}
+
 }  // namespace
 
 int device_count() { return probe().count; }
@@ -312,27 +326,23 @@ void fill_bytes(void* data, int64_t n, size_t element_size, uint64_t pattern,
 
 void launch_elementwise(const kernels::Elementwise& args, const Device& device,
                         std::string_view op) {
-  check_device(device, op);
-#ifdef EMBER_WITH_CUDA
-  DeviceGuard guard(device.index());
-#endif
-  check_launch(table().elementwise(args, state(device.index()).stream), "elementwise", op);
+  launch(&kernels::Table::elementwise, args, device, "elementwise", op);
 }
 
 void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op) {
-  check_device(device, op);
-#ifdef EMBER_WITH_CUDA
-  DeviceGuard guard(device.index());
-#endif
-  check_launch(table().gemm(args, state(device.index()).stream), "gemm", op);
+  launch(&kernels::Table::gemm, args, device, "gemm", op);
+}
+
+void launch_index(const kernels::IndexAlong& args, const Device& device, std::string_view op) {
+  launch(&kernels::Table::index, args, device, "index", op);
+}
+
+void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op) {
+  launch(&kernels::Table::rows, args, device, "row", op);
 }
 
 void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op) {
-  check_device(device, op);
-#ifdef EMBER_WITH_CUDA
-  DeviceGuard guard(device.index());
-#endif
-  check_launch(table().sum(args, state(device.index()).stream), "sum", op);
+  launch(&kernels::Table::sum, args, device, "sum", op);
 }
 
 }  // namespace detail

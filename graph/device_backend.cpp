@@ -104,4 +104,76 @@ void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& 
   cuda::detail::launch_sum(r, out.device(), name);
 }
 
+void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
+                    std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
+                    std::string_view name, bool reverse, double p0) {
+  namespace kn = cuda::kernels;
+  EMBER_CHECK(
+      inputs.size() >= 1 && inputs.size() <= 2 && outputs.size() >= 1 && outputs.size() <= 2,
+      "{}: the row kernel takes one or two inputs and outputs", name);
+  const Tensor& x = *inputs.begin();
+  kn::Rows r;
+  r.op = op;
+  r.compute = scalar_type_of(compute);
+  r.reverse = reverse;
+  r.p0 = p0;
+  r.length = x.dim() == 0 ? 1 : x.size(dim);
+  r.rows = x.dim() == 0 ? 1 : x.numel() / std::max<int64_t>(r.length, 1);
+  if (x.numel() == 0) r.rows = 0;
+  std::vector<int64_t> outer;  // the dims indexed per row (size-1 dims need no index)
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != dim && x.size(d) != 1) outer.push_back(d);
+  r.outer_ndim = static_cast<int>(outer.size());
+  for (size_t i = 0; i < outer.size(); ++i) r.outer_sizes[i] = x.size(outer[i]);
+  const auto operand = [&](const Tensor& t) {
+    EMBER_CHECK(t.device() == x.device() && t.shape() == x.shape(),
+                "{}: the row kernel's operands must share one shape and device, got {} on {} "
+                "and {} on {}",
+                name, x.shape(), x.device(), t.shape(), t.device());
+    kn::RowOperand o;
+    o.data = t.data_bytes();
+    o.type = scalar_type_of(t.dtype());
+    o.stride = t.dim() == 0 ? 0 : t.stride(dim);
+    for (size_t i = 0; i < outer.size(); ++i) o.outer_strides[i] = t.stride(outer[i]);
+    return o;
+  };
+  size_t k = 0;
+  for (const Tensor& t : inputs) r.in[k++] = operand(t);
+  k = 0;
+  for (const Tensor& t : outputs) r.out[k++] = operand(t);
+  if (r.rows == 0) return;
+  cuda::detail::launch_rows(r, x.device(), name);
+}
+
+void index_on_device(cuda::kernels::IndexOp op, const Tensor& dense, const Tensor& indexed,
+                     int64_t dim, const Tensor& index, std::string_view name) {
+  EMBER_CHECK(dense.device() == indexed.device() && index.device() == indexed.device() &&
+                  dense.dtype() == indexed.dtype() && index.dtype() == kInt64 &&
+                  dense.dim() == index.dim() && indexed.dim() == index.dim(),
+              "{}: the index kernel's operands must share one device, dtype and rank", name);
+  cuda::kernels::IndexAlong a;
+  a.op = op;
+  a.type = scalar_type_of(dense.dtype());
+  a.dim = static_cast<int>(dim);
+  a.ndim = static_cast<int>(index.dim());
+  a.numel = index.numel();
+  a.index = static_cast<const int64_t*>(index.data_bytes());
+  a.dense = dense.data_bytes();
+  a.indexed = indexed.data_bytes();
+  for (int64_t d = 0; d < index.dim(); ++d) {
+    a.sizes[d] = index.size(d);
+    a.index_strides[d] = index.stride(d);
+    a.dense_strides[d] = dense.stride(d);
+    a.indexed_strides[d] = indexed.stride(d);
+  }
+  if (a.numel == 0) return;
+  cuda::detail::launch_index(a, indexed.device(), name);
+}
+
+Tensor per_row(const Tensor& t, const Shape& shape, int64_t dim) {
+  Shape strides = t.strides();
+  if (!strides.empty()) strides[dim] = 0;
+  return make_view(t, shape, strides, t.storage_offset());
+}
+
 }  // namespace ember

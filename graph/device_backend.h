@@ -22,7 +22,9 @@
 
 #include "cuda/elementwise.h"
 #include "cuda/gemm.h"
+#include "cuda/index.h"
 #include "cuda/reduce.h"
+#include "cuda/rows.h"
 #include "graph/device.h"
 #include "graph/tensor.h"
 
@@ -37,6 +39,10 @@ void launch_elementwise(const kernels::Elementwise& args, const Device& device,
                         std::string_view op);
 // Queues one sum (cuda/reduce.h) likewise.
 void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op);
+// Queues one gather or scatter_add (cuda/index.h) likewise.
+void launch_index(const kernels::IndexAlong& args, const Device& device, std::string_view op);
+// Queues one row kernel (cuda/rows.h) likewise.
+void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op);
 // Queues one batch of products (cuda/gemm.h) likewise.
 void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op);
 
@@ -62,5 +68,22 @@ void elementwise_on_device(const Tensor& out, cuda::kernels::Op op, DType comput
 // x) or int64 and stored converted to out's dtype.
 void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& reduce,
                    std::string_view name);
+
+// The row kernel `op` along `dim` of tensors all of one shape (views: an operand of one value
+// per row has stride 0 along dim), on their device, computed in `compute`; outputs written in
+// place (p0: Moments' eps; reverse: Cumsum's direction).
+void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
+                    std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
+                    std::string_view name, bool reverse = false, double p0 = 0);
+
+// For every position p of `index` (Int64, its values in range along dim, the caller checked),
+// with q = p at coordinate index[p] along dim: gather writes dense[p] = indexed[q], scatter_add
+// adds indexed[q] += dense[p]. All on one device, of one dtype (index's aside), with as many dims.
+void index_on_device(cuda::kernels::IndexOp op, const Tensor& dense, const Tensor& indexed,
+                     int64_t dim, const Tensor& index, std::string_view name);
+
+// t (with a size-1 dim `dim`, keepdim layout) seen with `shape` (t's with dim of the row's
+// length) and stride 0 along dim: the one-value-per-row operand of rows_on_device.
+Tensor per_row(const Tensor& t, const Shape& shape, int64_t dim);
 
 }  // namespace ember

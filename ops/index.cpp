@@ -11,10 +11,12 @@
 #include "graph/autograd.h"
 #include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/random.h"
 #include "graph/strided.h"
 #include "ops/common.h"
+#include "ops/elementwise.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
 
@@ -82,7 +84,7 @@ Tensor repeat(const Tensor& x, std::vector<int64_t> repeats) {
     tiled[2 * d + 1] = src_shape[2 * d + 1] = s;
     src_strides[2 * d + 1] = d < lead ? 0 : x.stride(d - lead);
   }
-  Tensor out = empty(out_shape, x.dtype());
+  Tensor out = empty(out_shape, x.dtype(), x.device());
   if (out.numel() > 0)
     copy_into(make_view(out, tiled, contiguous_strides(tiled), 0),
               make_view(x, src_shape, src_strides, x.storage_offset()));
@@ -142,8 +144,8 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t dim) {
   split.insert(split.begin() + d + 1, repeats);
   src_shape.insert(src_shape.begin() + d + 1, 1);
   src_strides.insert(src_strides.begin() + d + 1, 0);
-  Tensor out = empty(out_shape, x.dtype());
-  if (x.is_contiguous() && out.numel() < parallel_grain()) {
+  Tensor out = empty(out_shape, x.dtype(), x.device());
+  if (x.device().is_cpu() && x.is_contiguous() && out.numel() < parallel_grain()) {
     repeat_blocks(x, d, repeats, out);
   } else if (out.numel() > 0) {
     copy_into(make_view(out, split, contiguous_strides(split), 0),
@@ -225,7 +227,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     sizes[i] = t.size(d);
     out_shape[d] += sizes[i];
   }
-  Tensor out = empty(out_shape, first.dtype());
+  Tensor out = empty(out_shape, first.dtype(), first.device());
   int64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].numel() > 0) copy_into(narrow_view(out, d, offset, sizes[i]), tensors[i]);
@@ -248,7 +250,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   const int64_t n = static_cast<int64_t>(tensors.size());
   Shape out_shape = first.shape();
   out_shape.insert(out_shape.begin() + d, n);
-  Tensor out = empty(out_shape, first.dtype());
+  Tensor out = empty(out_shape, first.dtype(), first.device());
   if (out.numel() > 0)
     for (int64_t i = 0; i < n; ++i) copy_into(select_view(out, d, i), tensors[i]);
   return record<CatBackward>(op, out, tensors, d, std::vector<int64_t>());
@@ -298,12 +300,26 @@ struct IndexAddBackward final : Node {
   SavedTensor index_;
 };
 
+// A 1-D contiguous index seen with `shape`, its values along dim (stride 0 elsewhere): the index
+// tensor of a device's gather or scatter_add that does index_select or index_add.
+Tensor along_dim(const Tensor& index, const Shape& shape, int64_t dim) {
+  Shape strides(shape.size(), 0);
+  strides[dim] = 1;
+  return make_view(index, shape, strides, index.storage_offset());
+}
+
 // index: contiguous Int64, 1-D, in range (index_select checked it).
 Tensor index_add_zeros(const Tensor& g, int64_t dim, const Tensor& index, const Shape& shape) {
   constexpr std::string_view op = "index_add";
+  Tensor out = zeros(shape, g.dtype(), g.device());
+  if (!g.device().is_cpu()) {
+    index_on_device(cuda::kernels::IndexOp::ScatterAdd, g, out, dim,
+                    along_dim(index, g.shape(), dim), op);
+    if (!is_grad_enabled()) return out;
+    return record<IndexAddBackward>(op, out, {g}, dim, index);
+  }
   const int64_t* idx = index.data<int64_t>();
   const int64_t k_count = g.size(dim);
-  Tensor out = zeros(shape, g.dtype());
   dispatch_float(g.dtype(), op, [&]<class T>() {
     const T* pg = g.data<T>();
     T* po = out.data<T>();
@@ -345,8 +361,10 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     return reshape(index_select(reshape(x, {1}), dim, index.reshape({1})), {});
   }
   const int64_t d = wrap_dim(dim, x.dim(), op);
+  check_same_device(x, index, op);
   const Tensor idx = index.contiguous();
-  const int64_t* pi = idx.data<int64_t>();
+  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
+  const int64_t* pi = on_host.data<int64_t>();
   const int64_t size = x.size(d);
   for (int64_t k = 0; k < idx.numel(); ++k)
     EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
@@ -354,8 +372,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
                 x.shape());
   Shape out_shape = x.shape();
   out_shape[d] = idx.numel();
-  Tensor out = empty(out_shape, x.dtype());
-  if (out.numel() > 0) dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
+  Tensor out = empty(out_shape, x.dtype(), x.device());
+  if (!x.device().is_cpu())
+    index_on_device(cuda::kernels::IndexOp::Gather, out, x, d, along_dim(idx, out_shape, d), op);
+  else if (out.numel() > 0)
+    dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
   return record<IndexSelectBackward>(op, out, {x}, d, idx);
 }
 
@@ -419,6 +440,8 @@ IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, con
   check_defined(x, op);
   check_defined(index, op);
   if (src != nullptr) check_defined(*src, op);
+  check_same_device(x, index, op);
+  if (src != nullptr) check_same_device(x, *src, op);
   EMBER_CHECK(index.dtype() == kInt64, "{}: index must be Int64, got {} (shape {})", op,
               index.dtype(), index.shape());
   const int64_t nd = std::max<int64_t>(x.dim(), 1);
@@ -446,7 +469,8 @@ IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, con
     }
   }
   const int64_t size = x1.size(d);
-  const int64_t* pi = idx.data<int64_t>();
+  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
+  const int64_t* pi = on_host.data<int64_t>();
   for (int64_t k = 0; k < idx.numel(); ++k)
     EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
                 "{}: index {} is out of bounds for dim {} of size {} (input of shape {})", op,
@@ -459,10 +483,11 @@ IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, con
 struct GatherBackward final : Node {
   GatherBackward(int64_t dim, const Tensor& index) : dim_(dim) { save(index_, index); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled())  // create_graph: as the op
-      return {scatter_add(zeros(input_shapes[0], grads[0].dtype()), dim_, index_.get(), grads[0])};
+    if (is_grad_enabled() || !grads[0].device().is_cpu())  // create_graph, a device: the op
+      return {scatter_add(zeros(input_shapes[0], grads[0].dtype(), grads[0].device()), dim_,
+                          index_.get(), grads[0])};
     const Tensor g = grads[0].contiguous();
-    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       scatter_add_lines<T>(at_least_1d(grad_x), dim_, index_.get(), at_least_1d(g));
     });
@@ -479,7 +504,7 @@ Tensor pad_end(Tensor g, const Shape& shape) {
     if (g.size(d) == shape[d]) continue;
     Shape side = g.shape();
     side[d] = shape[d] - g.size(d);
-    g = cat({g, zeros(side, g.dtype())}, d);
+    g = cat({g, zeros(side, g.dtype(), g.device())}, d);
   }
   return g;
 }
@@ -491,15 +516,15 @@ struct ScatterAddBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     Tensor grad_src;
-    if (needs_grad(1) && is_grad_enabled()) {  // create_graph: as ops (index is at least 1-D)
+    if (needs_grad(1) && (is_grad_enabled() || !g.device().is_cpu())) {  // create_graph: ops
       const Tensor& index = index_.get();
       const Shape src_shape = input_shapes[1].empty() ? Shape{1} : input_shapes[1];
       grad_src = index.numel() == 0
-                     ? zeros(input_shapes[1], g.dtype())
+                     ? zeros(input_shapes[1], g.dtype(), g.device())
                      : reshape(pad_end(gather(g, dim_, index), src_shape), input_shapes[1]);
     } else if (needs_grad(1)) {
       const Tensor& index = index_.get();
-      grad_src = zeros(input_shapes[1], g.dtype());
+      grad_src = zeros(input_shapes[1], g.dtype(), g.device());
       dispatch_float(g.dtype(), op(), [&]<class T>() {
         gather_lines<T>(leading_view(at_least_1d(grad_src), index.shape()), at_least_1d(g), dim_,
                         index);
@@ -518,8 +543,11 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   constexpr std::string_view op = "gather";
   profile::Scope scope(op);
   const IndexGeometry geo = check_index(x, dim, index, nullptr, op);
-  Tensor out = empty(index.shape(), x.dtype());
-  if (out.numel() > 0)
+  Tensor out = empty(index.shape(), x.dtype(), x.device());
+  if (!x.device().is_cpu())
+    index_on_device(cuda::kernels::IndexOp::Gather, at_least_1d(out), at_least_1d(x), geo.dim,
+                    geo.index, op);
+  else if (out.numel() > 0)
     dispatch_all(x.dtype(), [&]<class T>() {
       gather_lines<T>(at_least_1d(out), at_least_1d(x), geo.dim, geo.index);
     });
@@ -530,9 +558,13 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   constexpr std::string_view op = "scatter_add";
   profile::Scope scope(op);
   const IndexGeometry geo = check_index(x, dim, index, &src, op);
-  Tensor out = empty(x.shape(), x.dtype());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
   copy_into(out, x);
-  if (geo.index.numel() > 0) {
+  if (!x.device().is_cpu()) {
+    index_on_device(cuda::kernels::IndexOp::ScatterAdd,
+                    leading_view(at_least_1d(src), geo.index.shape()), at_least_1d(out), geo.dim,
+                    geo.index, op);
+  } else if (geo.index.numel() > 0) {
     // Bools add as a logical or (true + true stays true), as torch's.
     dispatch_all(x.dtype(), [&]<class T>() {
       scatter_add_lines<T>(at_least_1d(out), geo.dim, geo.index,
@@ -560,7 +592,7 @@ struct MaskedScatterBackward final : Node {
 
 Tensor masked_scatter_zeros(const Tensor& g, const Tensor& mask, const Shape& shape) {
   constexpr std::string_view op = "masked_scatter";
-  Tensor out = zeros(shape, g.dtype());
+  Tensor out = zeros(shape, g.dtype(), g.device());
   dispatch_float(g.dtype(), op, [&]<class T>() {
     const T* pg = g.data<T>();
     const bool* pm = mask.data<bool>();
@@ -602,6 +634,21 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
   EMBER_CHECK(mask.dtype() == kBool, "{}: mask must be Bool, got {} (shape {})", op, mask.dtype(),
               mask.shape());
   const Shape shape = broadcast_shapes(x.shape(), mask.shape(), op);
+  if (!x.device().is_cpu()) {
+    // A device, in ops (the gradient follows through them): element i of the broadcast x goes
+    // to slot (running count of the mask up to i) - 1 by scatter_add into zeros, the dropped
+    // ones into a spare last slot; the count is read on the host (one sync, as torch's)
+    check_same_device(x, mask, op);
+    const int64_t n = shape_numel(shape);
+    const Tensor flat_x = reshape(expand(x, shape), {n});
+    const Tensor keep = reshape(expand(mask, shape), {n}).contiguous();
+    const Tensor running = cumsum(keep, 0);
+    const int64_t count = n == 0 ? 0 : running.select(0, n - 1).item<int64_t>();
+    const Tensor slot =
+        where(keep, sub(running, 1.0), full({}, static_cast<double>(count), kInt64, x.device()));
+    const Tensor slots = zeros({count + 1}, x.dtype(), x.device());
+    return narrow(scatter_add(slots, 0, slot, flat_x), 0, 0, count);
+  }
   const Shape mask_strides = broadcast_strides(mask, shape);
   const bool* pm = mask.data<bool>();
   int64_t count = 0;
@@ -609,7 +656,7 @@ Tensor masked_select(const Tensor& x, const Tensor& mask) {
       .run_serial([&](const auto& off, int64_t len, const auto& st) {
         for (int64_t i = 0; i < len; ++i) count += pm[off[0] + i * st[0]];
       });
-  Tensor out = empty({count}, x.dtype());
+  Tensor out = empty({count}, x.dtype(), x.device());
   dispatch_all(x.dtype(), [&]<class T>() {
     const T* px = x.data<T>();
     T* po = out.data<T>();
@@ -631,7 +678,18 @@ namespace {
 // two dims: triu keeps j - i >= diagonal, tril keeps j - i <= diagonal.
 Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   const int64_t nd = x.dim(), m = x.size(-2), n = x.size(-1);
-  Tensor out = empty(x.shape(), x.dtype());
+  if (!x.device().is_cpu()) {
+    // A device: where(j - i within the triangle, x, 0), the mask by comparison
+    NoGradGuard no_grad;  // the caller records the op
+    const Device& device = x.device();
+    const Tensor columns = arange(0, static_cast<double>(n), 1, kInt64, device);
+    const Tensor rows = reshape(arange(0, static_cast<double>(m), 1, kInt64, device), {m, 1});
+    const Tensor offset = sub(columns, rows);  // j - i, (m, n)
+    const Tensor keep = upper ? ge(offset, static_cast<double>(diagonal))
+                              : le(offset, static_cast<double>(diagonal));
+    return where(keep, x, zeros({}, x.dtype(), device));
+  }
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
   if (out.numel() == 0) return out;
   Shape batch = x.shape();
   batch[nd - 2] = batch[nd - 1] = 1;
@@ -738,9 +796,9 @@ struct SortBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     const Tensor& indices = indices_.get();
-    if (is_grad_enabled())  // create_graph: as the op
-      return {scatter_add(zeros(input_shapes[0], g.dtype()), dim_, indices, g)};
-    Tensor grad_x = zeros(input_shapes[0], g.dtype());
+    if (is_grad_enabled() || !g.device().is_cpu())  // create_graph, a device: as the op
+      return {scatter_add(zeros(input_shapes[0], g.dtype(), g.device()), dim_, indices, g)};
+    Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       const int64_t* pi = indices.data<int64_t>();
@@ -766,9 +824,15 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
   profile::Scope scope(op);
   check_defined(x, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
-  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
-  Tensor values = empty(x.shape(), x.dtype()), indices = empty(x.shape(), kInt64);
-  if (x.numel() > 0) {
+  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64, x.device())};
+  Tensor values = empty(x.shape(), x.dtype(), x.device()),
+         indices = empty(x.shape(), kInt64, x.device());
+  if (!x.device().is_cpu()) {
+    EMBER_CHECK(x.dtype() != kBool, "{}: Bool tensors are not supported on {} yet (shape {})", op,
+                x.device(), x.shape());
+    rows_on_device(cuda::kernels::RowOp::Sort, x.dtype(), d, {x}, {values, indices}, op,
+                   descending);
+  } else if (x.numel() > 0) {
     dispatch_all(x.dtype(), [&]<class T>() {
       if (descending)
         sort_kernel<T, true>(x, d, values, indices);
@@ -843,10 +907,24 @@ TopkResult topk(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sort
   const int64_t n = x.dim() == 0 ? 1 : x.size(d);
   EMBER_CHECK(k >= 0 && k <= n, "{}: k {} out of range for dim {} of size {} (shape {})", op, k, d,
               n, x.shape());
-  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};  // as torch, for k 0 and 1 alike
+  if (x.dim() == 0)
+    return {x.clone(), zeros({}, kInt64, x.device())};  // as torch, for k 0 and 1 alike
+  if (!x.device().is_cpu()) {
+    // A device: the first k of a stable sort (ties in position order, sorted or not: torch's
+    // order among equal values differs between its CPU and CUDA kernels too)
+    const SortResult all = [&] {
+      NoGradGuard no_grad;
+      return sort(x, d, largest);
+    }();
+    const Tensor values = narrow_view(all.values, d, 0, k).contiguous();
+    const Tensor indices = narrow_view(all.indices, d, 0, k).contiguous();
+    Tensor out = values;
+    record<SortBackward>(op, {&out}, {x}, d, indices);
+    return {out, indices};
+  }
   Shape shape = x.shape();
   shape[d] = k;
-  Tensor values = empty(shape, x.dtype()), indices = empty(shape, kInt64);
+  Tensor values = empty(shape, x.dtype(), x.device()), indices = empty(shape, kInt64, x.device());
   if (values.numel() > 0) {
     dispatch_all(x.dtype(), [&]<class T>() {
       if constexpr (!std::is_same_v<T, bool>)

@@ -15,7 +15,10 @@
 #include "graph/strided.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/index.h"
 #include "ops/kernels.h"
+#include "ops/nn_functional.h"
+#include "ops/reduce.h"
 #include "ops/shape.h"
 
 namespace ember {
@@ -48,6 +51,19 @@ struct LossGrad {
   T scale_ = 0;
 };
 
+// Note [Losses on a device]
+// On a device other than the CPU a loss is composed of ops (gather for the picked classes,
+// log_softmax, masked_fill for ignored targets, sum), so its gradient, and its gradient's
+// gradient, follow through theirs; the fused CPU kernels and their Nodes are the CPU's. Targets
+// are checked (and the ignored ones counted) on the host: one copy of the target per call.
+
+// values reduced as `reduction` says, in ops; Mean divides by `count`.
+Tensor reduce_in_ops(const Tensor& values, Reduction reduction, double count) {
+  if (reduction == Reduction::None) return values;
+  const Tensor total = sum(values);
+  return reduction == Reduction::Mean ? div(total, count) : total;
+}
+
 // dL of one element's (row's) loss per unit of dOut: 1 / n for Mean over n of them, else 1.
 double mean_scale(Reduction reduction, double n) {
   return reduction == Reduction::Mean ? 1.0 / n : 1.0;
@@ -71,7 +87,7 @@ template <class T, class D>
 Tensor pointwise_grad(const Tensor& a, const Tensor& b, const Tensor& g, Reduction reduction, D d) {
   const Shape shape =
       a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), "loss");
-  Tensor out = empty(shape, a.dtype());
+  Tensor out = empty(shape, a.dtype(), a.device());
   const T scale = reduction == Reduction::Mean
                       ? static_cast<T>(1.0 / static_cast<double>(shape_numel(shape)))
                       : T(1);
@@ -118,6 +134,10 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   profile::Scope scope(op);
   const DType dtype = floating_type(input, target, op);
   const Tensor x = as_type(input, dtype), t = as_type(target, dtype);
+  if (!x.device().is_cpu()) {  // Note [Losses on a device]
+    const Tensor d = sub(x, t);
+    return reduce_in_ops(mul(d, d), reduction, static_cast<double>(d.numel()));
+  }
   Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     const auto d = a - b;
     return d * d;
@@ -175,6 +195,16 @@ Tensor kl_div(const Tensor& log_probs, const Tensor& target, Reduction reduction
   profile::Scope scope(op);
   const DType dtype = floating_type(log_probs, target, op);
   const Tensor x = as_type(log_probs, dtype), t = as_type(target, dtype);
+  if (!x.device().is_cpu()) {
+    // Note [Losses on a device]: t (log t - x) where t > 0; elsewhere -t x plus 0 (t = 0) or NaN
+    // (t < 0), t there a constant (the CPU's gradients: dX = -t, dT = 0 where t <= 0)
+    const Tensor off = le(t, 0.0);
+    const Tensor positive = mul(t, sub(log(masked_fill(t, off, 1.0)), x));
+    const Tensor nan_below =
+        masked_fill(zeros_like(t), lt(t, 0.0), std::numeric_limits<double>::quiet_NaN());
+    const Tensor values = where(off, add(neg(mul(t.detach(), x)), nan_below), positive);
+    return reduce_in_ops(values, reduction, static_cast<double>(values.numel()));
+  }
   Tensor out = pointwise_loss(x, t, reduction, op, [](auto a, auto b) {
     using T = decltype(a);
     return b > 0 ? b * (std::log(b) - a) : b == 0 ? T(0) : std::numeric_limits<T>::quiet_NaN();
@@ -212,6 +242,7 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
               "{}: expected input of shape (C), (N, C) or (N, C, d1, ...), got shape {}", op,
               scores.shape());
   check_floating(scores, op);
+  check_same_device(scores, target, op);
   EMBER_CHECK(target.dtype() == kInt64, "{}: target must be Int64, got {} of shape {}", op,
               target.dtype(), target.shape());
   Shape expected = scores.shape();  // the scores' shape without the class dim
@@ -233,7 +264,8 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
                  target.contiguous(),
                  expected,
                  0};
-  const int64_t* t = rows.target.data<int64_t>();
+  const Tensor on_host = rows.target.device().is_cpu() ? rows.target : rows.target.cpu();
+  const int64_t* t = on_host.data<int64_t>();
   for (int64_t r = 0; r < rows.rows(); ++r) {
     EMBER_CHECK(t[r] == ignore_index || (t[r] >= 0 && t[r] < rows.C),
                 "{}: target {} out of range for {} classes (input of shape {})", op, t[r], rows.C,
@@ -243,6 +275,21 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
   return rows;
 }
 
+// Note [Losses on a device]: -log p[r, t_r] per row, picked by gather from `log_p` (the scores
+// or their log_softmax), (1 - eps) of it plus eps / C of the row's Σ_c -log p[r, c] with label
+// smoothing, 0 for ignored rows, then reduced over the rows that are not.
+Tensor class_loss_in_ops(const ClassRows& g, const Tensor& log_p, Reduction reduction,
+                         int64_t ignore_index, double eps) {
+  const Tensor lp = reshape(log_p, {g.N, g.C, g.D});
+  const Tensor t = reshape(g.target, {g.N, 1, g.D});
+  const Tensor ignored = eq(t, static_cast<double>(ignore_index));
+  Tensor loss = neg(gather(lp, 1, masked_fill(t, ignored, 0.0)));
+  if (eps > 0)
+    loss = add(mul(loss, 1 - eps), mul(neg(sum(lp, {1}, true)), eps / static_cast<double>(g.C)));
+  loss = reshape(masked_fill(loss, ignored, 0.0), g.loss_shape);
+  return reduce_in_ops(loss, reduction, g.count);
+}
+
 // Per-row losses (double) as the op's result: the target's shape for None, else reduced over the
 // `count` rows that were not ignored (Mean) or summed.
 template <class T>
@@ -250,7 +297,7 @@ Tensor row_losses_result(const std::vector<double>& losses, const ClassRows& g,
                          Reduction reduction) {
   if (reduction != Reduction::None)
     return reduce_values<T>(losses.data(), static_cast<int64_t>(losses.size()), reduction, g.count);
-  Tensor out = empty(g.loss_shape, g.scores.dtype());
+  Tensor out = empty(g.loss_shape, g.scores.dtype(), g.scores.device());
   std::transform(losses.begin(), losses.end(), out.data<T>(),
                  [](double v) { return static_cast<T>(v); });
   return out;
@@ -286,7 +333,7 @@ struct NllLossBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (is_grad_enabled()) {  // create_graph
-      Tensor picks = zeros(input_shapes[0], input_dtypes[0]);
+      Tensor picks = zeros(input_shapes[0], input_dtypes[0], grads[0].device());
       const RowShape rs = row_shape(input_shapes[0]);
       const int64_t* t = target_.get().data<int64_t>();
       dispatch_float(picks.dtype(), op(), [&]<class T>() {
@@ -297,7 +344,7 @@ struct NllLossBackward final : Node {
       });
       return {mul(picks, per_row(grads[0], reduction_, input_shapes[0]))};
     }
-    Tensor grad_x = zeros(input_shapes[0], input_dtypes[0]);
+    Tensor grad_x = zeros(input_shapes[0], input_dtypes[0], grads[0].device());
     const RowShape rs = row_shape(input_shapes[0]);
     const int64_t* t = target_.get().data<int64_t>();
     dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
@@ -322,6 +369,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
   constexpr std::string_view op = "nll_loss";
   profile::Scope scope(op);
   const ClassRows g = class_rows(log_probs, target, ignore_index, op);
+  if (!g.scores.device().is_cpu())
+    return class_loss_in_ops(g, g.scores, reduction, ignore_index, 0);
   const int64_t* pt = g.target.data<int64_t>();
   Tensor out = dispatch_float(g.scores.dtype(), op, [&]<class T>() {
     const T* x = g.scores.data<T>();
@@ -372,7 +421,7 @@ struct CrossEntropyBackward final : Node {
     const Tensor& x = logits_.get();
     const ClassRows& g = rows_;
     const int64_t C = g.C, D = g.D;
-    Tensor grad_x = empty(x.shape(), x.dtype());
+    Tensor grad_x = empty(x.shape(), x.dtype(), x.device());
     const int64_t* t = target_.get().data<int64_t>();
     dispatch_float(x.dtype(), op(), [&]<class T>() {
       const LossGrad<T> dl(grads[0], reduction_, g.count);
@@ -403,7 +452,8 @@ struct CrossEntropyBackward final : Node {
     const Tensor& x = logits_.get();
     const ClassRows& g = rows_;
     const int64_t C = g.C, D = g.D;
-    Tensor q = empty(x.shape(), x.dtype()), scale = empty(row_factor_shape(x.shape()), x.dtype());
+    Tensor q = empty(x.shape(), x.dtype(), x.device()),
+           scale = empty(row_factor_shape(x.shape()), x.dtype(), x.device());
     const int64_t* t = target_.get().data<int64_t>();
     dispatch_float(x.dtype(), op(), [&]<class T>() {
       T *pq = q.data<T>(), *ps = scale.data<T>();
@@ -435,8 +485,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   const ClassRows g = class_rows(logits, target, ignore_index, op);
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
               "{}: label_smoothing must be in [0, 1], got {}", op, label_smoothing);
+  if (!g.scores.device().is_cpu())
+    return class_loss_in_ops(g, log_softmax(g.scores, g.scores.dim() == 1 ? 0 : 1), reduction,
+                             ignore_index, label_smoothing);
   const int64_t* pt = g.target.data<int64_t>();
-  Tensor stats = empty({g.rows(), 2}, g.scores.dtype());
+  Tensor stats = empty({g.rows(), 2}, g.scores.dtype(), g.scores.device());
   Tensor out = dispatch_float(g.scores.dtype(), op, [&]<class T>() {
     const T* x = g.scores.data<T>();
     T* ps = stats.data<T>();

@@ -18,11 +18,14 @@
 #include <omp.h>
 
 #include "graph/autograd.h"
+#include "graph/copy.h"
 #include "graph/creation.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/random.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/index.h"
 #include "ops/kernels.h"
 #include "ops/loop_gemm.h"
 #include "ops/reduce.h"
@@ -334,8 +337,14 @@ struct SoftmaxBackward final : Node {
     }
     const Tensor g = grads[0].contiguous();
     const Tensor& y = y_.get();
-    Tensor grad_x = empty(y.shape(), y.dtype());
+    Tensor grad_x = empty(y.shape(), y.dtype(), y.device());
     if (y.numel() == 0) return {grad_x};
+    if (!y.device().is_cpu()) {
+      using cuda::kernels::RowOp;
+      rows_on_device(Log ? RowOp::LogSoftmaxBackward : RowOp::SoftmaxBackward, y.dtype(), dim_,
+                     {g, y}, {grad_x}, name());
+      return {grad_x};
+    }
     const Rows rows = rows_along(y, dim_);
     dispatch_float(y.dtype(), name(), [&]<class T>() {
       const T *pg = g.data<T>(), *py = y.data<T>();
@@ -372,8 +381,11 @@ Tensor softmax_op(const Tensor& x, int64_t dim, std::string_view op) {
   check_defined(x, op);
   const int64_t d = wrap_dim(dim, x.dim(), op);
   check_floating(x, op);
-  Tensor out = empty(x.shape(), x.dtype());
-  if (x.numel() > 0)  // rows of 0 elements, or none: no kernel (it divides by the row length)
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0 && !x.device().is_cpu())
+    rows_on_device(Log ? cuda::kernels::RowOp::LogSoftmax : cuda::kernels::RowOp::Softmax,
+                   x.dtype(), d, {x}, {out}, op);
+  else if (x.numel() > 0)  // rows of 0 elements, or none: no kernel (it divides by the row length)
     dispatch_float(x.dtype(), op, [&]<class T>() {
       softmax_forward<Log>(x.data<T>(), rows_along(x, d), out.data<T>(), rows_along(out, d));
     });
@@ -552,14 +564,15 @@ struct LayerNormBackward final : Node {
     save(input_, input), save(weight_input_, weight_input);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
+    if (is_grad_enabled() || !grads[0].device().is_cpu())  // create_graph, a device: in ops
+      return apply_in_ops(grads[0]);
     const Tensor g = grads[0].contiguous();
     const Tensor& x = x_.get();
     Tensor grad_x, grad_w, grad_b;
-    if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype());
+    if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype(), x.device());
     // No rows (M = 0): the kernel writes no dW, dB; they are sums of nothing.
     const auto make = [&](const Shape& s) {
-      return M_ == 0 ? zeros(s, x.dtype()) : empty(s, x.dtype());
+      return M_ == 0 ? zeros(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device());
     };
     if (needs_grad(1)) grad_w = make(input_shapes[1]);
     if (needs_grad(2)) grad_b = make(input_shapes[2]);
@@ -625,8 +638,27 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
 
   const int64_t N = shape_numel(normalized_shape), M = N == 0 ? 0 : x.numel() / N;
   const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
-  Tensor out = empty(x.shape(), x.dtype());
-  Tensor mean = empty({M}, x.dtype()), rstd = empty({M}, x.dtype());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = empty({M}, x.dtype(), x.device()), rstd = empty({M}, x.dtype(), x.device());
+  if (!x.device().is_cpu()) {
+    // A device: each row's mean and rstd by the row kernel, then the normalisation and the
+    // affine map as elementwise kernels (no graph: the Node below records the op)
+    if (M > 0 && N > 0) {
+      NoGradGuard no_grad;
+      const Tensor table = make_view(xc, {M, N}, {N, 1}, xc.storage_offset());
+      rows_on_device(cuda::kernels::RowOp::Moments, x.dtype(), 1, {table},
+                     {per_row(make_view(mean, {M, 1}, {1, 1}, 0), {M, N}, 1),
+                      per_row(make_view(rstd, {M, 1}, {1, 1}, 0), {M, N}, 1)},
+                     op, false, eps);
+      Tensor y =
+          mul(sub(table, make_view(mean, {M, 1}, {1, 1}, 0)), make_view(rstd, {M, 1}, {1, 1}, 0));
+      if (w.defined()) y = mul(y, make_view(w, {N}, {1}, w.storage_offset()));
+      if (b.defined()) y = add(y, make_view(b, {N}, {1}, b.storage_offset()));
+      copy_into(make_view(out, {M, N}, {N, 1}, 0), y);
+    }
+    return record<LayerNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, k,
+                                     eps);
+  }
   dispatch_float(x.dtype(), op, [&]<class T>() {
     layer_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
                           mean.data<T>(), rstd.data<T>(), M, N, eps);
@@ -717,7 +749,7 @@ void apply_dropout_mask(const T* x, T* out, int64_t n, const DropoutMask& m, boo
 Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_view op,
                           const Tensor& keep = {}) {
   const Tensor xc = x.contiguous();
-  Tensor out = empty(x.shape(), x.dtype());
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), op, [&]<class T>() {
     apply_dropout_mask(xc.data<T>(), out.data<T>(), xc.numel(), m,
                        keep.defined() ? keep.data<bool>() : nullptr);
@@ -735,7 +767,7 @@ struct DropoutBackward final : Node {
       return {mul(dy, mul(as_type(keep_, dy.dtype()), scale_).view(dy.shape()))};
     }
     const Tensor g = grads[0].contiguous();
-    Tensor dx = empty(g.shape(), g.dtype());
+    Tensor dx = empty(g.shape(), g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       const auto* kept = reinterpret_cast<const unsigned char*>(keep_.data<bool>());
@@ -789,7 +821,7 @@ struct EmbeddingBackwardBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     Tensor gg = grads[0];
     if (padding_idx_ >= 0) {  // a constant 0 on the padding row, 1 elsewhere
-      Tensor rows = ones({gg.size(0), 1}, gg.dtype());
+      Tensor rows = ones({gg.size(0), 1}, gg.dtype(), gg.device());
       rows.narrow(0, padding_idx_, 1).fill_(0.0);
       gg = mul(gg, rows);
     }
@@ -807,19 +839,29 @@ Tensor embedding_backward(const Tensor& g, const Tensor& indices, const Shape& w
                           int64_t padding_idx) {
   constexpr std::string_view op = "embedding_backward";
   const Tensor gc = contiguous_data(g);
-  Tensor grad_w = zeros(wshape, g.dtype());
-  dispatch_float(g.dtype(), op, [&]<class T>() {
-    const int64_t* idx = indices.data<int64_t>();
-    const T* pg = gc.data<T>();
-    T* pw = grad_w.data<T>();
-    const int64_t dim = wshape[1], count = indices.numel();
-    for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
-      if (idx[k] == padding_idx) continue;
-      T* row = pw + idx[k] * dim;
-      const T* src = pg + k * dim;
-      for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
-    }
-  });
+  Tensor grad_w = zeros(wshape, g.dtype(), g.device());
+  if (!g.device().is_cpu()) {
+    // A device: g's row k added into row indices[k] by scatter_add, the padding row then zeroed
+    const int64_t count = indices.numel(), dim = wshape[1];
+    const Tensor rows = make_view(gc, {count, dim}, {dim, 1}, gc.storage_offset());
+    const Tensor index = make_view(indices, {count, dim}, {1, 0}, indices.storage_offset());
+    index_on_device(cuda::kernels::IndexOp::ScatterAdd, rows, grad_w, 0, index, op);
+    if (padding_idx >= 0)
+      copy_into(narrow_view(grad_w, 0, padding_idx, 1), zeros({}, g.dtype(), g.device()));
+  } else {
+    dispatch_float(g.dtype(), op, [&]<class T>() {
+      const int64_t* idx = indices.data<int64_t>();
+      const T* pg = gc.data<T>();
+      T* pw = grad_w.data<T>();
+      const int64_t dim = wshape[1], count = indices.numel();
+      for (int64_t k = 0; k < count; ++k) {  // serial: repeated indices add into one row
+        if (idx[k] == padding_idx) continue;
+        T* row = pw + idx[k] * dim;
+        const T* src = pg + k * dim;
+        for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
+      }
+    });
+  }
   if (!is_grad_enabled()) return grad_w;  // a first-order backward: nothing to record or check
   return record<EmbeddingBackwardBackward>(op, grad_w, {g}, indices, padding_idx);
 }
@@ -857,14 +899,22 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
                 "{}: padding_idx {} out of range for {} rows", op, *padding_idx, rows);
     if (*padding_idx < 0) *padding_idx += rows;
   }
-  const int64_t* pi = idx.data<int64_t>();
+  check_same_device(weight, indices, op);
+  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
+  const int64_t* pi = on_host.data<int64_t>();
   for (int64_t k = 0; k < count; ++k)
     EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "{}: index {} out of range for {} rows", op, pi[k],
                 rows);
 
   Shape shape = indices.shape();
   shape.push_back(dim);
-  Tensor out = empty(shape, weight.dtype());
+  Tensor out = empty(shape, weight.dtype(), weight.device());
+  if (!weight.device().is_cpu()) {
+    // A device: out[k, :] = weight[indices[k], :] by gather
+    index_on_device(cuda::kernels::IndexOp::Gather, make_view(out, {count, dim}, {dim, 1}, 0),
+                    weight, 0, make_view(idx, {count, dim}, {1, 0}, idx.storage_offset()), op);
+    return record<EmbeddingBackward>(op, out, {weight}, idx, padding_idx.value_or(-1));
+  }
   dispatch_float(weight.dtype(), op, [&]<class T>() {
     const T* pw = weight.data<T>();
     T* po = out.data<T>();
@@ -1151,6 +1201,38 @@ struct ScaledDotProductAttentionBackward final : Node {
 
 }  // namespace
 
+namespace {
+
+// scaled_dot_product_attention on a device other than the CPU, in ops (its gradient follows
+// through them): S = q kᵀ · scale (+ a float mask), -inf where a Bool or the causal mask drops a
+// key, P = softmax(S) with rows where no key takes part (all -inf) made zeros, as the CPU's,
+// then dropout(P) v.
+Tensor attention_in_ops(const Tensor& query, const Tensor& key, const Tensor& value,
+                        const Tensor& mask, double dropout_p, bool is_causal, double scale,
+                        std::string_view op) {
+  check_same_device(query, key, op);
+  check_same_device(query, value, op);
+  if (mask.defined()) check_same_device(query, mask, op);
+  const int64_t L = query.size(-2), S = key.size(-2);
+  Tensor s = mul(matmul(query, swap_last(key)), scale);
+  if (mask.defined() && mask.dtype() != kBool) s = add(s, mask);
+  Tensor keep;
+  if (is_causal) keep = tril(ones({L, S}, kBool, query.device()));
+  if (mask.defined() && mask.dtype() == kBool) keep = mask;
+  if (keep.defined())
+    s = masked_fill(s, logical_not(keep), -std::numeric_limits<double>::infinity());
+  Tensor p = softmax(s, -1);
+  if (S > 0) {
+    const Tensor dead =
+        eq(max(s.detach(), -1, true).values, -std::numeric_limits<double>::infinity());
+    p = masked_fill(p, dead, 0.0);
+  }
+  if (dropout_p > 0) p = dropout(p, dropout_p, true);
+  return matmul(p, value);
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale) {
@@ -1191,6 +1273,8 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     if (mask.dtype() != kBool) mask = as_type(mask, query.dtype());
   }
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
+  if (!query.device().is_cpu())
+    return attention_in_ops(query, key, value, mask, dropout_p, is_causal, sc, op);
   const AttentionDropout drop = attention_dropout(dropout_p);
   Tensor p, out;
   {
@@ -1402,10 +1486,10 @@ struct HeadAttentionBackward final : Node {
     const Tensor dout = grads[0].contiguous();
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get(), &pd = pd_.get();
     const Heads& g = heads_;
-    Tensor dq = needs_grad(0) ? empty(q.shape(), q.dtype()) : Tensor();
-    Tensor dk = needs_grad(1) ? empty(k.shape(), k.dtype()) : Tensor();
-    Tensor dv = needs_grad(2) ? empty(v.shape(), v.dtype()) : Tensor();
-    Tensor dp = empty(p.shape(), p.dtype());
+    Tensor dq = needs_grad(0) ? empty(q.shape(), q.dtype(), q.device()) : Tensor();
+    Tensor dk = needs_grad(1) ? empty(k.shape(), k.dtype(), k.device()) : Tensor();
+    Tensor dv = needs_grad(2) ? empty(v.shape(), v.dtype(), v.device()) : Tensor();
+    Tensor dp = empty(p.shape(), p.dtype(), p.device());
     const bool* keep = keep_.defined() ? keep_.data<bool>() : nullptr;
     dispatch_float(q.dtype(), op(), [&]<class T>() {
       const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
@@ -1493,8 +1577,8 @@ HeadAttention head_attention(const Tensor& query, const Tensor& key, const Tenso
   }
   const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
   const AttentionDropout drop = attention_dropout(dropout_p);
-  Tensor p = empty({g.B, g.h, g.Tq, g.Tk}, q.dtype()), pd = p;
-  Tensor out = empty(q.shape(), q.dtype());
+  Tensor p = empty({g.B, g.h, g.Tq, g.Tk}, q.dtype(), q.device()), pd = p;
+  Tensor out = empty(q.shape(), q.dtype(), q.device());
   const bool* kp = kept.defined() ? kept.data<bool>() : nullptr;
   dispatch_float(q.dtype(), op, [&]<class T>() {
     const auto weights = [&](int64_t begin, int64_t end) {

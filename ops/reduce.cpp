@@ -248,7 +248,7 @@ namespace {
 struct StdBackward final : Node {
   explicit StdBackward(const Tensor& y) { save_output(y_, y); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) {  // create_graph
+    if (is_grad_enabled() || !grads[0].device().is_cpu()) {  // create_graph, a device: in ops
       const Tensor y = y_.get(), zero = eq(y, 0.0);
       return {masked_fill(div(grads[0], mul(masked_fill(y, zero, 1.0), 2.0)), zero, 0.0)};
     }
@@ -269,8 +269,14 @@ Tensor std(const Tensor& x, std::vector<int64_t> dims, bool unbiased, bool keepd
   check_floating(x, op);
   reduced_dims(x, dims, op);  // errors name std, not var
   const Tensor v = var(x, std::move(dims), unbiased, keepdim);
-  Tensor out = dispatch_float(
-      v.dtype(), op, [&]<class T>() { return map<T, T>(v, [](T e) { return std::sqrt(e); }); });
+  Tensor out;
+  if (!v.device().is_cpu()) {
+    NoGradGuard no_grad;  // the Node below records std
+    out = sqrt(v);
+  } else {
+    out = dispatch_float(v.dtype(), op,
+                         [&]<class T>() { return map<T, T>(v, [](T e) { return std::sqrt(e); }); });
+  }
   return record<StdBackward>(op, out, {v}, out);
 }
 
@@ -285,7 +291,7 @@ struct LogsumexpBackward final : Node {
     save(x_, x), save_output(y_, y);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) {  // create_graph: dY and y unsqueezed back, broadcast by the ops
+    if (is_grad_enabled() || !grads[0].device().is_cpu()) {  // create_graph, a device: in ops
       Tensor g = grads[0], y = y_.get();
       if (!keepdim_)
         for (size_t d = 0; d < reduce_.size(); ++d)
@@ -296,7 +302,7 @@ struct LogsumexpBackward final : Node {
     const Tensor& x = x_.get();
     const Tensor g = expand_reduced(grads[0], x.shape(), reduce_, keepdim_);
     const Tensor y = expand_reduced(y_.get(), x.shape(), reduce_, keepdim_);
-    Tensor grad_x = empty(x.shape(), grads[0].dtype());
+    Tensor grad_x = empty(x.shape(), grads[0].dtype(), grads[0].device());
     dispatch_float(grad_x.dtype(), op(), [&]<class T>() {
       ternary_into<T, T, T, T>(g, x, y, grad_x, [](T d, T v, T l) { return d * std::exp(v - l); });
     });
@@ -324,8 +330,18 @@ Tensor logsumexp(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
     for (int64_t d = 0; d < in.dim(); ++d)
       if (reduce[d] == reduced) shape.push_back(in.size(d)), strides.push_back(in.stride(d));
   const Tensor rows = make_view(in.detach(), shape, strides, in.storage_offset()).contiguous();
-  Tensor out = empty(reduced_shape(in.shape(), reduce, keepdim), in.dtype());
+  Tensor out = empty(reduced_shape(in.shape(), reduce, keepdim), in.dtype(), in.device());
   const int64_t n = reduced_count(in, reduce), count = out.numel();
+  if (!in.device().is_cpu()) {
+    if (n == 0) {
+      copy_into(out, full({}, -std::numeric_limits<double>::infinity(), in.dtype(), in.device()));
+    } else {
+      const Tensor table = make_view(rows, {count, n}, {n, 1}, 0);
+      rows_on_device(cuda::kernels::RowOp::LogSumExp, in.dtype(), 1, {table},
+                     {per_row(make_view(out, {count, 1}, {1, 1}, 0), {count, n}, 1)}, op);
+    }
+    return record<LogsumexpBackward>(op, out, {x}, in, out, reduce, keepdim);
+  }
   dispatch_float(in.dtype(), op, [&]<class T>() {
     const T* px = rows.data<T>();
     T* po = out.data<T>();
@@ -356,10 +372,15 @@ namespace {
 // floating tensors and in wrapping uint64 for integral ones; out is a new contiguous tensor of
 // x's shape and dtype `out_dtype` (x's, or Int64 for integral x).
 Tensor cumsum_impl(const Tensor& x, int64_t dim, bool reverse, DType out_dtype) {
-  Tensor out = empty(x.shape(), out_dtype);
+  Tensor out = empty(x.shape(), out_dtype, x.device());
   if (x.numel() == 0) return out;
   if (x.dim() == 0) {
     copy_into(out, x);
+    return out;
+  }
+  if (!x.device().is_cpu()) {
+    rows_on_device(cuda::kernels::RowOp::Cumsum, is_floating(out_dtype) ? kFloat64 : kInt64, dim,
+                   {x}, {out}, "cumsum", reverse);
     return out;
   }
   const int64_t n = x.size(dim), sx = x.stride(dim), so = out.stride(dim);
@@ -468,6 +489,16 @@ struct MaxBackward final : Node {
   MaxBackward(int64_t dim, const Tensor& indices) : dim_(dim) { save(indices_, indices); }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& in = input_shapes[0];
+    if (!grads[0].device().is_cpu()) {
+      // A device: dY where the position along dim is the index (a one-hot mask by comparison)
+      Shape kept = in, along(in.size(), 1);
+      kept[dim_] = 1;
+      along[dim_] = in[dim_];
+      const Tensor positions =
+          reshape(arange(0, static_cast<double>(in[dim_]), 1, kInt64, grads[0].device()), along);
+      const Tensor mask = eq(positions, reshape(indices_.get(), kept));
+      return {where(mask, reshape(grads[0], kept), zeros({}, grads[0].dtype(), grads[0].device()))};
+    }
     const Tensor idx = indices_.get().contiguous();
     const int64_t* pi = idx.data<int64_t>();
     int64_t inner = 1;
@@ -481,10 +512,10 @@ struct MaxBackward final : Node {
       for (int64_t k = 0; k < idx.numel(); ++k) pm[at(k)] = true;
       Shape kept = in;
       kept[dim_] = 1;
-      return {where(mask, reshape(grads[0], kept), zeros({}, grads[0].dtype()))};
+      return {where(mask, reshape(grads[0], kept), zeros({}, grads[0].dtype(), grads[0].device()))};
     }
     const Tensor g = grads[0].contiguous();
-    Tensor grad_x = zeros(in, g.dtype());
+    Tensor grad_x = zeros(in, g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
       T* px = grad_x.data<T>();
@@ -504,13 +535,19 @@ MaxResult max_along(const Tensor& x, int64_t dim, bool keepdim, std::string_view
   const int64_t d = wrap_dim(dim, x.dim(), op);
   EMBER_CHECK(x.dim() == 0 || x.size(d) > 0, "{}: cannot reduce dim {} of size 0 (shape {})", op, d,
               x.shape());
-  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64)};
+  if (x.dim() == 0) return {x.clone(), zeros({}, kInt64, x.device())};
   Shape keep = x.shape();
   keep[d] = 1;
-  Tensor values = empty(keep, x.dtype()), indices = empty(keep, kInt64);
-  dispatch_numeric(x.dtype(), op, [&]<class T>() {
-    max_kernel<T>(x, d, values.data<T>(), indices.data<int64_t>());
-  });
+  Tensor values = empty(keep, x.dtype(), x.device()), indices = empty(keep, kInt64, x.device());
+  if (!x.device().is_cpu()) {
+    EMBER_CHECK(x.dtype() != kBool, "{}: expected a numeric tensor, got {}", op, x.dtype());
+    rows_on_device(cuda::kernels::RowOp::Max, x.dtype(), d, {x},
+                   {per_row(values, x.shape(), d), per_row(indices, x.shape(), d)}, op);
+  } else {
+    dispatch_numeric(x.dtype(), op, [&]<class T>() {
+      max_kernel<T>(x, d, values.data<T>(), indices.data<int64_t>());
+    });
+  }
   if (!keepdim) {
     Shape squeezed = x.shape();
     squeezed.erase(squeezed.begin() + d);
@@ -553,7 +590,16 @@ Tensor max(const Tensor& x) {
   profile::Scope scope(op);
   check_defined(x, op);
   EMBER_CHECK(x.numel() > 0, "{}: cannot reduce an empty tensor of shape {}", op, x.shape());
-  Tensor out = empty({}, x.dtype());
+  Tensor out = empty({}, x.dtype(), x.device());
+  if (!x.device().is_cpu()) {
+    EMBER_CHECK(x.dtype() != kBool, "{}: expected a numeric tensor, got {}", op, x.dtype());
+    const Tensor flat = make_view(x.contiguous(), {x.numel()}, {1}, 0);
+    rows_on_device(cuda::kernels::RowOp::Max, x.dtype(), 0, {flat},
+                   {per_row(make_view(out, {1}, {1}, 0), {x.numel()}, 0),
+                    per_row(zeros({1}, kInt64, x.device()), {x.numel()}, 0)},
+                   op);
+    return record<MaxAllBackward>(op, out, {x}, x, out);
+  }
   dispatch_numeric(x.dtype(), op, [&]<class T>() {
     const Tensor c = x.contiguous();
     const T* p = c.data<T>();

@@ -18,7 +18,7 @@ using Inputs = std::vector<Tensor>;
 // A 1-D Int64 index.
 Tensor ints(std::vector<int64_t> v) {
   const int64_t n = static_cast<int64_t>(v.size());
-  return from_vector(std::move(v), {n});
+  return on_row_device(from_vector(std::move(v), {n}));
 }
 
 // One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
@@ -52,22 +52,22 @@ const OpTable kIndexOps = {
      [](auto& v) { return v[0].index_select(-1, ints({2, 2, 0})); }},
     {"gather dim 1", "torch.gather(a, 1, torch.tensor([[0, 2, 2], [1, 0, 3], [3, 3, 0]]))",
      {{3, 4}}, {},
-     [](auto& v) { return gather(v[0], 1, from_vector(std::vector<int64_t>{0, 2, 2, 1, 0, 3, 3, 3, 0}, {3, 3})); }},
+     [](auto& v) { return gather(v[0], 1, on_row_device(from_vector(std::vector<int64_t>{0, 2, 2, 1, 0, 3, 3, 3, 0}, {3, 3}))); }},
     // index longer than the input along dim 0 (repeats add up), narrower along dim 1
     {"gather dim 0 repeated", "a.gather(0, torch.tensor([[1, 0], [1, 1], [0, 1]]))", {{2, 3}}, {},
-     [](auto& v) { return v[0].gather(0, from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 1}, {3, 2})); }},
+     [](auto& v) { return v[0].gather(0, on_row_device(from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 1}, {3, 2}))); }},
     {"gather dim -1 3-D", "a.gather(-1, torch.tensor([[[3], [0]], [[1], [1]]]))", {{2, 2, 4}}, {},
-     [](auto& v) { return gather(v[0], -1, from_vector(std::vector<int64_t>{3, 0, 1, 1}, {2, 2, 1})); }},
+     [](auto& v) { return gather(v[0], -1, on_row_device(from_vector(std::vector<int64_t>{3, 0, 1, 1}, {2, 2, 1}))); }},
     {"scatter_add dim 1", "a.scatter_add(1, torch.tensor([[0, 1, 0], [2, 2, 2]]), b)",
      {{2, 4}, {2, 3}}, {},
-     [](auto& v) { return scatter_add(v[0], 1, from_vector(std::vector<int64_t>{0, 1, 0, 2, 2, 2}, {2, 3}), v[1]); }},
+     [](auto& v) { return scatter_add(v[0], 1, on_row_device(from_vector(std::vector<int64_t>{0, 1, 0, 2, 2, 2}, {2, 3})), v[1]); }},
     {"scatter_add dim 0", "torch.scatter_add(a, 0, torch.tensor([[2, 0], [2, 1]]), b)",
      {{3, 2}, {2, 2}}, {},
-     [](auto& v) { return v[0].scatter_add(0, from_vector(std::vector<int64_t>{2, 0, 2, 1}, {2, 2}), v[1]); }},
+     [](auto& v) { return v[0].scatter_add(0, on_row_device(from_vector(std::vector<int64_t>{2, 0, 2, 1}, {2, 2})), v[1]); }},
     // index narrower than the input in the other dim
     {"scatter_add dim -1 narrow index", "a.scatter_add(-1, torch.tensor([[4, 0, 4]]), b)",
      {{2, 5}, {1, 3}}, {},
-     [](auto& v) { return v[0].scatter_add(-1, from_vector(std::vector<int64_t>{4, 0, 4}, {1, 3}), v[1]); }},
+     [](auto& v) { return v[0].scatter_add(-1, on_row_device(from_vector(std::vector<int64_t>{4, 0, 4}, {1, 3})), v[1]); }},
     {"masked_select", "torch.masked_select(a, b)", {{3, 4}, {3, 4}}, {Real, Bool},
      [](auto& v) { return masked_select(v[0], v[1]); }},
     {"masked_select broadcast mask", "torch.masked_select(a, b)", {{3, 4}, {4}}, {Real, Bool},
@@ -79,7 +79,7 @@ const OpTable kIndexOps = {
     {"repeat then masked_select", "a.repeat(5, 1)[(1 - torch.eye(5)).bool()].reshape(5, -1)",
      {{5}}, {},
      [](auto& v) {
-       const Tensor keep = (1.0 - eye(5)).to(kBool);
+       const Tensor keep = (1.0 - on_row_device(eye(5))).to(kBool);
        return v[0].repeat({5, 1}).masked_select(keep).reshape({5, -1});
      },
      kEdgeDiffers},
@@ -118,17 +118,17 @@ const OpTable kIndexOps = {
      [](auto& v) { return topk(v[0], 2).values; }},
     // ties: the gradient goes where torch's indices point; finite differences would split them
     {"topk ties", "torch.topk(a, 3).values", {{3, 8}}, {Integer},
-     [](auto& v) { return topk(v[0], 3).values; }, kNoGradcheck},
+     [](auto& v) { return topk(v[0], 3).values; }, kNoGradcheck | kDeviceTieOrder},
     {"topk indices ties", "torch.topk(a, 3).indices", {{3, 8}}, {Integer},
-     [](auto& v) { return topk(v[0], 3).indices; }, kNoGrad},
+     [](auto& v) { return topk(v[0], 3).indices; }, kNoGrad | kDeviceTieOrder},
     {"topk indices ties smallest", "torch.topk(a, 4, largest=False).indices", {{2, 9}}, {Integer},
-     [](auto& v) { return topk(v[0], 4, -1, false).indices; }, kNoGrad},
+     [](auto& v) { return topk(v[0], 4, -1, false).indices; }, kNoGrad | kDeviceTieOrder},
     {"topk indices ties dim 0", "torch.topk(a, 5, dim=0).indices", {{7, 3}}, {Integer},
-     [](auto& v) { return v[0].topk(5, 0).indices; }, kNoGrad},
+     [](auto& v) { return v[0].topk(5, 0).indices; }, kNoGrad | kDeviceTieOrder},
     {"topk indices ties long row", "torch.topk(a, 1).indices", {{2, 70}}, {Integer},
-     [](auto& v) { return topk(v[0], 1).indices; }, kNoGrad},
+     [](auto& v) { return topk(v[0], 1).indices; }, kNoGrad | kDeviceTieOrder},
     {"topk indices ties unsorted", "torch.topk(a, 3, sorted=False).indices", {{3, 8}}, {Integer},
-     [](auto& v) { return topk(v[0], 3, -1, true, false).indices; }, kNoGrad},
+     [](auto& v) { return topk(v[0], 3, -1, true, false).indices; }, kNoGrad | kDeviceTieOrder},
 };
 // clang-format on
 
@@ -143,6 +143,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kIndexOps); }
 
 namespace {
 

@@ -17,14 +17,16 @@ using enum Reduction;
 const std::vector<std::pair<std::string, Reduction>> kReductions = {
     {"none", None}, {"mean", Mean}, {"sum", Sum}};
 
-// Int64 targets: 1-D, or one 0-d.
+// Int64 targets, on the row's device (tests/op_table.h): 1-D, or one 0-d.
 Tensor targets(std::vector<int64_t> v) {
   const int64_t n = static_cast<int64_t>(v.size());
-  return from_vector(std::move(v), {n});
+  return on_row_device(from_vector(std::move(v), {n}));
 }
-Tensor target(int64_t t) { return from_vector(std::vector<int64_t>{t}, {}); }
+Tensor target(int64_t t) { return on_row_device(from_vector(std::vector<int64_t>{t}, {})); }
 // Int64 targets of any shape (K-dim losses), row-major.
-Tensor targets(std::vector<int64_t> v, Shape shape) { return from_vector(std::move(v), shape); }
+Tensor targets(std::vector<int64_t> v, Shape shape) {
+  return on_row_device(from_vector(std::move(v), shape));
+}
 
 // One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
 // row, run /usr/bin/python3 tests/golden/gen_op_tables.py. The rows are laid out by hand as a
@@ -214,14 +216,14 @@ const OpTable kLossOps = {
      }},
     // an empty batch: torch gives NaN for the mean (0 / 0), 0 for the sum
     {"nll_loss empty batch mean", "F.nll_loss(a, torch.zeros(0, dtype=torch.long))",
-     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], zeros({0}, kInt64), Mean); }},
+     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], on_row_device(zeros({0}, kInt64)), Mean); }},
     {"nll_loss empty batch sum", "F.nll_loss(a, torch.zeros(0, dtype=torch.long), reduction='sum')",
-     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], zeros({0}, kInt64), Sum); }},
+     {{0, 4}}, {}, [](auto& v) { return nll_loss(v[0], on_row_device(zeros({0}, kInt64)), Sum); }},
     {"cross_entropy empty batch mean", "F.cross_entropy(a, torch.zeros(0, dtype=torch.long))",
-     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], zeros({0}, kInt64), Mean); }},
+     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], on_row_device(zeros({0}, kInt64)), Mean); }},
     {"cross_entropy empty batch none", "F.cross_entropy(a, torch.zeros(0, dtype=torch.long), "
      "reduction='none', label_smoothing=0.1)",
-     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], zeros({0}, kInt64), None, -100, 0.1); }},
+     {{0, 4}}, {}, [](auto& v) { return cross_entropy(v[0], on_row_device(zeros({0}, kInt64)), None, -100, 0.1); }},
     {"mse_loss empty mean", "F.mse_loss(a, b)",
      {{0, 3}, {0, 3}}, {}, [](auto& v) { return mse_loss(v[0], v[1], Mean); }},
     // kl_div: a positive target, differentiable too; then a broadcast one
@@ -266,6 +268,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kLossOps); }
 
 // kl_div with zeros in the target (ops.json): zero entries contribute 0.
 BOOST_AUTO_TEST_CASE(kl_div_zero_targets_golden) {

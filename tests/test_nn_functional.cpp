@@ -13,10 +13,10 @@ using namespace ember::testing;
 
 namespace {
 
-// A 1-D Int64 index.
+// A 1-D Int64 index, on the row's device (tests/op_table.h).
 Tensor ints(std::vector<int64_t> v) {
   const int64_t n = static_cast<int64_t>(v.size());
-  return from_vector(std::move(v), {n});
+  return on_row_device(from_vector(std::move(v), {n}));
 }
 
 // One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
@@ -161,6 +161,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kNnFunctionalOps); }
 
 // --- softmax / log_softmax
 

@@ -97,6 +97,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kReduceOps); }
 
 BOOST_AUTO_TEST_CASE(values_and_dtypes) {
   const Tensor x = from_vector(std::vector<double>{1, 5, 3, 7, 2, 7}, {2, 3});

@@ -91,6 +91,7 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kShapeOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kShapeOps); }
 
 BOOST_AUTO_TEST_CASE(views_share_storage) {
   Tensor x = arange(0, 6).reshape({2, 3});

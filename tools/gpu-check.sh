@@ -22,7 +22,7 @@ cd "$ROOT"
 BUNDLE=gpu-bundle
 # The CUDA suite: the device cases and the op tables' rows on the device (tests/CMakeLists.txt's
 # device_emulated runs the same on the emulated device)
-DEVICE_TESTS=test_device:test_elementwise/table_on_device:test_linalg/table_on_device
+DEVICE_TESTS="test_device:*/table_on_device"
 case "${1:-}" in
 bundle)
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DEMBER_NATIVE=OFF -DEMBER_CUDA=ON \
