@@ -7,6 +7,8 @@
 #include "cuda/gemm.h"
 #include "cuda/index.h"
 #include "cuda/kernels.h"
+#include "cuda/optim.h"
+#include "cuda/random.h"
 #include "cuda/reduce.h"
 #include "cuda/rows.h"
 
@@ -56,11 +58,32 @@ int index_on_host(const IndexAlong& a, void*) {
   return 0;
 }
 
+int dropout_mask_on_host(const DropoutMask& m, void*) {
+  for (int64_t i = 0; i < m.n; ++i) dropout_mask_element(m, i);
+  return 0;
+}
+
+int optim_on_host(const OptimStep& s, void*) {
+  if (s.type != ScalarType::Float32 && s.type != ScalarType::Float64) return kUnsupported;
+  for (int64_t j = 0; j < s.n; ++j) optim_element(s, j);
+  return 0;
+}
+
 }  // namespace
 
 const Table& host_table() {
-  static const Table table{fill_on_host, elementwise_on_host, sum_on_host,
-                           gemm_on_host, rows_on_host,        index_on_host};
+  static const Table table = [] {
+    Table t;
+    t.fill = fill_on_host;
+    t.elementwise = elementwise_on_host;
+    t.sum = sum_on_host;
+    t.gemm = gemm_on_host;
+    t.rows = rows_on_host;
+    t.index = index_on_host;
+    t.dropout_mask = dropout_mask_on_host;
+    t.optim = optim_on_host;
+    return t;
+  }();
   return table;
 }
 

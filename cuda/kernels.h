@@ -17,6 +17,8 @@ struct Reduce;       // cuda/reduce.h
 struct Gemm;         // cuda/gemm.h
 struct Rows;         // cuda/rows.h
 struct IndexAlong;   // cuda/index.h
+struct DropoutMask;  // cuda/random.h
+struct OptimStep;    // cuda/optim.h
 
 // An op asked in a type it is not defined in (cuda/elementwise.h's supported()).
 inline constexpr int kUnsupported = -1;
@@ -37,6 +39,10 @@ struct Table {
   int (*rows)(const Rows& args, void* stream);
   // gather or scatter_add along one dim (cuda/index.h).
   int (*index)(const IndexAlong& args, void* stream);
+  // dropout's keep mask (cuda/random.h).
+  int (*dropout_mask)(const DropoutMask& args, void* stream);
+  // One optimizer update of one parameter (cuda/optim.h).
+  int (*optim)(const OptimStep& args, void* stream);
 };
 
 // The GPU's kernels: only in a build with CUDA (EMBER_WITH_CUDA).

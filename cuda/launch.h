@@ -31,5 +31,7 @@ int sum_on_device(const Reduce& args, void* stream);
 int gemm_on_device(const Gemm& args, void* stream);
 int rows_on_device(const Rows& args, void* stream);
 int index_on_device(const IndexAlong& args, void* stream);
+int dropout_mask_on_device(const DropoutMask& args, void* stream);
+int optim_on_device(const OptimStep& args, void* stream);
 
 }  // namespace ember::cuda::kernels

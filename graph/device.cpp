@@ -337,6 +337,15 @@ void launch_index(const kernels::IndexAlong& args, const Device& device, std::st
   launch(&kernels::Table::index, args, device, "index", op);
 }
 
+void launch_dropout_mask(const kernels::DropoutMask& args, const Device& device,
+                         std::string_view op) {
+  launch(&kernels::Table::dropout_mask, args, device, "dropout", op);
+}
+
+void launch_optim(const kernels::OptimStep& args, const Device& device, std::string_view op) {
+  launch(&kernels::Table::optim, args, device, "optimizer", op);
+}
+
 void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op) {
   launch(&kernels::Table::rows, args, device, "row", op);
 }

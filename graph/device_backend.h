@@ -23,6 +23,8 @@
 #include "cuda/elementwise.h"
 #include "cuda/gemm.h"
 #include "cuda/index.h"
+#include "cuda/optim.h"
+#include "cuda/random.h"
 #include "cuda/reduce.h"
 #include "cuda/rows.h"
 #include "graph/device.h"
@@ -41,6 +43,10 @@ void launch_elementwise(const kernels::Elementwise& args, const Device& device,
 void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op);
 // Queues one gather or scatter_add (cuda/index.h) likewise.
 void launch_index(const kernels::IndexAlong& args, const Device& device, std::string_view op);
+// Queues dropout's mask (cuda/random.h), or one optimizer update (cuda/optim.h), likewise.
+void launch_dropout_mask(const kernels::DropoutMask& args, const Device& device,
+                         std::string_view op);
+void launch_optim(const kernels::OptimStep& args, const Device& device, std::string_view op);
 // Queues one row kernel (cuda/rows.h) likewise.
 void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op);
 // Queues one batch of products (cuda/gemm.h) likewise.

@@ -340,7 +340,15 @@ Batch::Batch(Tensor src_, const Tensor& tgt_, int64_t pad) : src(std::move(src_)
 }
 
 Tensor Batch::make_std_mask(const Tensor& tgt, int64_t pad) {
-  return logical_and(tgt.ne(static_cast<double>(pad)).unsqueeze(-2), subsequent_mask(tgt.size(-1)));
+  return logical_and(tgt.ne(static_cast<double>(pad)).unsqueeze(-2),
+                     subsequent_mask(tgt.size(-1)).to(tgt.device()));
+}
+
+Batch Batch::to(const Device& device) const {
+  Batch out = *this;
+  for (Tensor* t : {&out.src, &out.src_mask, &out.tgt, &out.tgt_y, &out.tgt_mask})
+    if (t->defined()) *t = t->to(device);
+  return out;
 }
 
 LabelSmoothing::LabelSmoothing(int64_t size, int64_t padding_idx, double smoothing)
@@ -375,6 +383,7 @@ Tensor LabelSmoothing::forward(const Tensor& x, const Tensor& target) {
         for (int64_t c = 0; c < size; ++c) row[c] = T(0);
     }
   });
+  if (!x.device().is_cpu()) true_dist = true_dist.to(x.device());  // built on the host
   return kl_div(x, true_dist, Reduction::Sum);
 }
 

@@ -271,6 +271,8 @@ struct Batch {
   explicit Batch(Tensor src, const Tensor& tgt = {}, int64_t pad = kDefaultPad);
   // (tgt != pad).unsqueeze(-2) & subsequent_mask(T).
   static Tensor make_std_mask(const Tensor& tgt, int64_t pad);
+  // The same batch with every tensor on `device` (a training loop's batch.to(device)).
+  Batch to(const Device& device) const;
 
   Tensor src, src_mask, tgt, tgt_y, tgt_mask;
   int64_t ntokens = 0;

@@ -762,7 +762,7 @@ Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_vie
 struct DropoutBackward final : Node {
   DropoutBackward(Tensor keep, double scale) : keep_(std::move(keep)), scale_(scale) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) {  // create_graph
+    if (is_grad_enabled() || !grads[0].device().is_cpu()) {  // create_graph, a device: in ops
       const Tensor& dy = grads[0];
       return {mul(dy, mul(as_type(keep_, dy.dtype()), scale_).view(dy.shape()))};
     }
@@ -801,6 +801,20 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   check_floating(x, op);
   if (p == 1) return mul(x, 0.0);  // all dropped, as torch (x * 0: a NaN stays NaN); no 1 / 0
   const DropoutMask mask = dropout_mask(p);
+  if (!x.device().is_cpu()) {
+    // A device: the same mask from the same key (cuda/random.h), then x * mask * scale
+    const Tensor keep = empty({x.numel()}, kBool, x.device());
+    cuda::kernels::DropoutMask m;
+    m.key = mask.key, m.threshold = mask.threshold, m.n = x.numel();
+    m.keep = static_cast<bool*>(keep.data_bytes());
+    cuda::detail::launch_dropout_mask(m, x.device(), op);
+    Tensor out;
+    {
+      NoGradGuard no_grad;  // the Node below records dropout
+      out = mul(x, mul(keep.view(x.shape()).to(x.dtype()), mask.scale));
+    }
+    return record<DropoutBackward>(op, out, {x}, keep, mask.scale);
+  }
   // The mask only where a backward will read it (where record makes the node).
   const Tensor keep = any_requires_grad({x}) ? empty({x.numel()}, kBool) : Tensor();
   return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op, keep), {x}, keep, mask.scale);
@@ -1546,6 +1560,35 @@ struct HeadAttentionBackward final : Node {
 
 }  // namespace
 
+namespace {
+
+// head_attention on a device other than the CPU, in ops (its gradient follows through them):
+// the heads as (B, h, T, d_k) views, S = Q Kᵀ / sqrt(d_k), -1e9 where keep is false, P =
+// softmax(S), P_d = dropout(P) (the CPU's mask for the same key), values = P_d V merged back.
+HeadAttention head_attention_in_ops(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Heads& g, const Tensor& keep, double dropout_p,
+                                    std::string_view op) {
+  check_same_device(query, key, op);
+  check_same_device(query, value, op);
+  if (keep.defined()) check_same_device(query, keep, op);
+  const auto split = [&](const Tensor& t, int64_t T) {
+    return transpose(reshape(t, {g.B, T, g.h, g.dk}), 1, 2);
+  };
+  Tensor s = div(matmul(split(query, g.Tq), transpose(split(key, g.Tk), -2, -1)),
+                 std::sqrt(static_cast<double>(g.dk)));
+  if (keep.defined()) {
+    Tensor dropped = eq(keep, 0.0);  // (B, Tq, Tk) or a broadcast of it, then a dim for the heads
+    while (dropped.dim() < 3) dropped = unsqueeze(dropped, 0);
+    s = masked_fill(s, unsqueeze(dropped, 1), -1e9);
+  }
+  Tensor p = softmax(s, -1);
+  if (dropout_p > 0) p = dropout(p, dropout_p, true);
+  const Tensor values = reshape(transpose(matmul(p, split(value, g.Tk)), 1, 2), {g.B, g.Tq, g.D});
+  return {values, p.detach()};
+}
+
+}  // namespace
+
 HeadAttention head_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                              int64_t heads, const Tensor& keep, double dropout_p) {
   constexpr std::string_view op = "head_attention";
@@ -1564,6 +1607,8 @@ HeadAttention head_attention(const Tensor& query, const Tensor& key, const Tenso
   EMBER_CHECK(dropout_p >= 0 && dropout_p <= 1, "{}: dropout_p has to be in [0, 1], got {}", op,
               dropout_p);
   const Heads g{query.size(0), heads, D / heads, query.size(1), key.size(1), D};
+  if (!query.device().is_cpu())
+    return head_attention_in_ops(query, key, value, g, keep, dropout_p, op);
   Tensor kept;  // Bool (B, Tq, Tk), contiguous
   if (keep.defined()) {
     const Shape shape{g.B, g.Tq, g.Tk};

@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "graph/autograd.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
 
 namespace ember::optim {
 
@@ -19,6 +21,18 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   const bool inf_norm = std::isinf(norm_type);
   double acc = 0;  // max |g| for inf, else sum |g|^p
   for (const Tensor& g : grads) {
+    if (!g.device().is_cpu()) {
+      // A device: the gradient's part of the norm by its kernels, read back (one sync each)
+      NoGradGuard no_grad;
+      const Tensor a = abs(g.detach().to(kFloat64));
+      if (inf_norm) {
+        const double m = g.numel() == 0 ? 0.0 : max(a).item<double>();
+        acc = std::isnan(m) || m > acc ? m : acc;
+      } else {
+        acc += sum(norm_type == 2.0 ? mul(a, a) : pow(a, norm_type)).item<double>();
+      }
+      continue;
+    }
     const Tensor c = g.contiguous();
     dispatch_float(c.dtype(), "clip_grad_norm_", [&]<class T>() {
       const T* d = c.data<T>();

@@ -10,7 +10,10 @@
 #include <sstream>
 #include <thread>
 
+#include "cuda/random.h"
+#include "examples/copy_task.h"
 #include "graph/caching_allocator.h"
+#include "graph/random.h"
 #include "helpers.h"
 
 using namespace ember;
@@ -320,6 +323,149 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   expect_error([&] { (void)multinomial(abs(g), 1); }, {"CPU kernel", "cuda:0", ".cpu()"});
   expect_error([&] { lin.to(Device(DeviceType::CUDA, cuda::device_count())); },
                {"to", "CUDA device(s)"});
+}
+
+// Where no device is usable, one line and true: the device cases below skip.
+bool skip_without_gpu() {
+  if (cuda::is_available()) return false;
+  BOOST_TEST_MESSAGE("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");
+  return true;
+}
+
+// dropout on a device: the CPU's mask for the same seed (one counter-based hash, cuda/random.h),
+// its gradient, and head_attention's weights and gradients with a mask and dropout.
+BOOST_AUTO_TEST_CASE(dropout_and_attention_on_the_device) {
+  if (skip_without_gpu()) return;
+  for (uint64_t key : {0ull, 1ull, 0x123456789abcdefull})
+    for (uint64_t counter : {0ull, 7ull, 1ull << 40})
+      BOOST_TEST(cuda::kernels::counter_bits(key, counter) == counter_bits(key, counter));
+  for (const Shape& shape : {Shape{7, 5}, Shape{4, 6}, Shape{0}, Shape{1}}) {
+    const Tensor x = randn(shape, kFloat64).requires_grad_();
+    const Tensor xd = x.detach().cuda().requires_grad_();
+    manual_seed(21);
+    const Tensor want = dropout(x, 0.4, true);
+    manual_seed(21);
+    const Tensor got = dropout(xd, 0.4, true);
+    expect_equal(got.cpu(), want);
+    const Tensor up = randn(shape, kFloat64);
+    want.backward(up);
+    got.backward(up.cuda());
+    expect_equal(xd.grad().cpu(), x.grad());
+  }
+  // head_attention: 2 heads, a key mask dropping the last key of row 1, dropout 0.25
+  const Tensor q = randn({2, 3, 4}, kFloat64).requires_grad_(), k = randn({2, 5, 4}, kFloat64),
+               v = randn({2, 5, 4}, kFloat64);
+  Tensor keep = ones({2, 1, 5}, kBool);
+  keep.select(0, 1).select(1, 4).fill_(0);
+  const Tensor qd = q.detach().cuda().requires_grad_();
+  manual_seed(5);
+  const HeadAttention want = head_attention(q, k, v, 2, keep, 0.25);
+  manual_seed(5);
+  const HeadAttention got = head_attention(qd, k.cuda(), v.cuda(), 2, keep.cuda(), 0.25);
+  expect_close(got.values.cpu(), want.values, 1e-12, 1e-12, "head_attention values");
+  expect_close(got.p_attn.cpu(), want.p_attn, 1e-12, 1e-12, "head_attention weights");
+  const Tensor up = randn({2, 3, 4}, kFloat64);
+  want.values.backward(up);
+  got.values.backward(up.cuda());
+  expect_close(qd.grad().cpu(), q.grad(), 1e-10, 1e-12, "head_attention dq");
+}
+
+// SGD (momentum, Nesterov, weight decay), Adam and AdamW, and clip_grad_norm_ on device
+// parameters: the CPU's values step by step.
+BOOST_AUTO_TEST_CASE(optimizers_on_the_device) {
+  if (skip_without_gpu()) return;
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+  const std::vector<std::pair<std::string, Make>> makers = {
+      {"sgd", [](auto p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{0.1}); }},
+      {"sgd momentum nesterov",
+       [](auto p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions{0.05, 0.9, 0, 0.01, true});
+       }},
+      {"sgd dampening",
+       [](auto p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions{0.05, 0.8, 0.3, 0, false});
+       }},
+      {"adam", [](auto p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{0.01}); }},
+      {"adamw", [](auto p) {
+         optim::AdamOptions o{0.01};
+         o.weight_decay = 0.1, o.decoupled_weight_decay = true;
+         return std::make_unique<optim::Adam>(p, o);
+       }}};
+  for (const auto& [name, make] : makers) {
+    BOOST_TEST_CONTEXT(name) {
+      for (DType dtype : {kFloat32, kFloat64}) {
+        const Tensor w0 = randn({3, 4}, dtype), b0 = randn({4}, dtype);
+        std::vector<Tensor> host = {w0.clone().requires_grad_(), b0.clone().requires_grad_()};
+        std::vector<Tensor> device = {w0.cuda().requires_grad_(), b0.cuda().requires_grad_()};
+        const auto opt_host = make(host), opt_device = make(device);
+        for (int step = 0; step < 4; ++step) {
+          const Tensor x = randn({5, 3}, dtype);
+          const auto loss = [&](const std::vector<Tensor>& p, const Tensor& in) {
+            return sum(mul(tanh(add(matmul(in, p[0]), p[1])), 3.0));
+          };
+          loss(host, x).backward();
+          loss(device, x.cuda()).backward();
+          const double norm_host = optim::clip_grad_norm_(host, 1.0);
+          const double norm_device = optim::clip_grad_norm_(device, 1.0);
+          BOOST_TEST(norm_device == norm_host, boost::test_tools::tolerance(1e-5));
+          opt_host->step();
+          opt_device->step();
+          opt_host->zero_grad();
+          opt_device->zero_grad();
+        }
+        const double tol = dtype == kFloat64 ? 1e-12 : 1e-5;
+        for (size_t i = 0; i < host.size(); ++i) {
+          BOOST_TEST(device[i].is_cuda());
+          expect_close(device[i].cpu(), host[i], tol, tol, fmt::format("parameter {}", i));
+        }
+      }
+    }
+  }
+}
+
+// The copy task (examples/copy_task.h) trained for 20 steps on a device and on the CPU from the
+// same initial weights and seeds (dropout's masks included): the same losses to Float32
+// tolerance, the check that a training script moves to a GPU by moving its model and
+// batches.
+BOOST_AUTO_TEST_CASE(copy_task_training_matches_the_cpu) {
+  if (skip_without_gpu()) return;
+  const int64_t V = 11;
+  manual_seed(3);
+  const auto host_model = nn::make_model(V, V, 2, 32, 64, 4, 0.1);
+  const auto device_model = nn::make_model(V, V, 2, 32, 64, 4, 0.1);
+  {
+    NoGradGuard no_grad;
+    const auto from = host_model->parameters(), to = device_model->parameters();
+    for (size_t i = 0; i < from.size(); ++i) Tensor(to[i]).copy_(from[i]);
+  }
+  device_model->to(kCUDA);
+  nn::LabelSmoothing host_criterion(V, 0, 0.1), device_criterion(V, 0, 0.1);
+  copy_task::SimpleLossCompute host_loss(*host_model->generator, host_criterion);
+  copy_task::SimpleLossCompute device_loss(*device_model->generator, device_criterion);
+  optim::AdamOptions o{1e-3};
+  o.beta2 = 0.98, o.eps = 1e-9;
+  optim::Adam host_opt(host_model->parameters(), o), device_opt(device_model->parameters(), o);
+  manual_seed(4);
+  const std::vector<nn::Batch> data = copy_task::data_gen(V, 8, 20);
+  std::vector<double> host_losses, device_losses;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto step = [&](nn::EncoderDecoder& model, copy_task::SimpleLossCompute& compute,
+                          optim::Adam& opt, const nn::Batch& b) {
+      manual_seed(100 + i);  // the same dropout keys on both
+      const Tensor out = model.forward(b.src, b.tgt, b.src_mask, b.tgt_mask);
+      const copy_task::LossOutput loss = compute(out, b.tgt_y, static_cast<double>(b.ntokens));
+      loss.loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return loss.total;
+    };
+    host_losses.push_back(step(*host_model, host_loss, host_opt, data[i]));
+    device_losses.push_back(step(*device_model, device_loss, device_opt, data[i].to(kCUDA)));
+  }
+  for (size_t i = 0; i < data.size(); ++i)
+    BOOST_TEST(device_losses[i] == host_losses[i], boost::test_tools::tolerance(1e-4));
+  BOOST_TEST(host_losses.back() < host_losses.front());  // it trained
+  for (const Tensor& p : device_model->parameters()) BOOST_TEST(p.is_cuda());
 }
 
 BOOST_AUTO_TEST_CASE(caching_allocator_sizes) {
