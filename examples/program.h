@@ -141,6 +141,34 @@ inline void add_threads_option(CLI::App& app, int& threads) {
 }
 
 // --matmul-precision: set_float32_matmul_precision's setting for every Float32 product of the run.
+// --device cpu|cuda|cuda:N: where a trainer's model and batches live (default cpu). The name is
+// checked here; whether the device is there, by device_of when the run starts.
+inline CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+  return app.add_option("--device", device, "where to train: cpu, cuda or cuda:N (default cpu)")
+      ->check(CLI::Validator(
+          [](std::string& name) {
+            try {
+              (void)ember::Device(name);
+              return std::string();
+            } catch (const ember::Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "DEVICE"));
+}
+
+// The --device a run uses, an Error (one line) when no such device is usable here.
+inline ember::Device device_of(const std::string& name) {
+  const ember::Device device(name);
+  ember::check_device(device, "--device");
+  return device;
+}
+
+// What metrics.json records of a device: its name, and the GPU's ("" on the CPU).
+inline std::string device_model(const ember::Device& device) {
+  return device.is_cuda() ? ember::cuda::get_device_name(device.index()) : std::string();
+}
+
 inline CLI::Option* add_matmul_precision_option(CLI::App& app, std::string& precision) {
   return app
       .add_option("--matmul-precision", precision,
@@ -312,11 +340,16 @@ void check_memory(double bytes, const std::string& what) {
 
 // --- non-finite losses and parameters
 
-// Every element is finite (any dtype that is not floating is).
+// Every element is finite (any dtype that is not floating is). On a GPU the count of the others
+// is made there and read back: one small copy.
 inline bool all_finite(const ember::Tensor& t) {
   using ember::kFloat32;
   using ember::kFloat64;
   if (t.dtype() != kFloat32 && t.dtype() != kFloat64) return true;
+  if (!t.device().is_cpu()) {
+    ember::NoGradGuard no_grad;
+    return ember::sum(ember::logical_not(ember::isfinite(t))).item<int64_t>() == 0;
+  }
   const ember::Tensor c = t.contiguous();
   const auto check = [&](const auto* d) {
     for (int64_t i = 0; i < c.numel(); ++i)

@@ -11,9 +11,12 @@
 // checked, memory estimated, before anything is built, and training stops on a non-finite loss.
 // Under mpirun each process trains on its share of every batch (examples/data_parallel.h): the
 // same training as one process with the same --batch, rank 0 printing and writing the files.
+// With --device cuda the model is moved to the GPU and each batch after it: the script is the
+// same (metrics.json records the device and the GPU's name).
 //
 //   transformer_copy                          train the original's config (N=2, d_model=512, ...)
 //   mpirun -np 2 transformer_copy --threads 1 the same on 2 processes, 40 sequences each per batch
+//   transformer_copy --device cuda            the same on the GPU (model and batches moved there)
 //   transformer_copy --load out/transformer_copy/model.safetensors --decode "1 5 2 7"
 #include <charconv>
 #include <chrono>
@@ -47,6 +50,7 @@ struct Config {
   double lr = 0.5;
   uint64_t seed = 0;
   std::string matmul_precision = "highest";
+  std::string device = "cpu";
   int threads = 0;
   int64_t log_every = 5;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
@@ -95,7 +99,7 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
                  copy_task::SimpleLossCompute& loss_compute, optim::Optimizer* optimizer,
                  optim::LambdaLR* scheduler, TrainState& state, const Progress& progress,
                  int64_t log_every, program::NonfiniteGuard& guard,
-                 const data_parallel::Session& dp) {
+                 const data_parallel::Session& dp, const Device& device) {
   const bool train = optimizer != nullptr;
   auto start = Clock::now();
   double total_loss = 0;
@@ -105,7 +109,7 @@ double run_epoch(const std::vector<Batch>& data, EncoderDecoder& model,
     const auto step_start = Clock::now();
     std::optional<NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
-    const Batch mine = data_parallel::shard(batch, 0, dp.rank(), dp.size());
+    const Batch mine = data_parallel::shard(batch, 0, dp.rank(), dp.size()).to(device);
     const Tensor out = model.forward(mine.src, mine.tgt, mine.src_mask, mine.tgt_mask);
     const copy_task::LossOutput loss = loss_compute(
         out, mine.tgt_y, static_cast<double>(batch.ntokens) / static_cast<double>(dp.size()));
@@ -185,18 +189,19 @@ std::vector<int64_t> parse_tokens(const std::string& text) {
 }
 
 // greedy_decode of one sequence, from start symbol 1, to the source's length.
-std::vector<int64_t> decode_sequence(EncoderDecoder& model, const std::vector<int64_t>& tokens) {
+std::vector<int64_t> decode_sequence(EncoderDecoder& model, const std::vector<int64_t>& tokens,
+                                     const Device& device = kCPU) {
   const auto n = static_cast<int64_t>(tokens.size());
-  const Tensor src = from_vector(tokens, {1, n});
-  const Tensor src_mask = ones({1, 1, n}, kBool);
+  const Tensor src = from_vector(tokens, {1, n}, device);
+  const Tensor src_mask = ones({1, 1, n}, kBool, device);
   return nn::greedy_decode(model, src, src_mask, n, 1).to_vector<int64_t>();
 }
 
 // Fraction of `n` fresh copy-task sequences decoded back exactly (decoded in batches of 100).
-double exact_copy_accuracy(EncoderDecoder& model, int64_t n) {
+double exact_copy_accuracy(EncoderDecoder& model, int64_t n, const Device& device) {
   int64_t exact = 0;
   for (int64_t done = 0; done < n; done += 100) {
-    const Batch batch = copy_task::data_gen(V, std::min<int64_t>(100, n - done), 1)[0];
+    const Batch batch = copy_task::data_gen(V, std::min<int64_t>(100, n - done), 1)[0].to(device);
     const Tensor ys = nn::greedy_decode(model, batch.src, batch.src_mask, batch.src.size(1), 1);
     const std::vector<int64_t> got = ys.to_vector<int64_t>(), want = batch.src.to_vector<int64_t>();
     const int64_t L = batch.src.size(1);
@@ -209,20 +214,21 @@ double exact_copy_accuracy(EncoderDecoder& model, int64_t n) {
 // The original's visualisation: per layer, one figure with the heads side by side, of the
 // encoder self-attention, the decoder self-attention and the decoder source attention.
 void draw_attention(EncoderDecoder& model, const std::vector<int64_t>& src_tokens,
-                    const std::vector<int64_t>& decoded, const std::string& out) {
+                    const std::vector<int64_t>& decoded, const std::string& out,
+                    const Device& device) {
   NoGradGuard no_grad;
   const auto n = static_cast<int64_t>(src_tokens.size());
-  const Tensor src = from_vector(src_tokens, {1, n});
-  const Tensor tgt = from_vector(decoded, {1, n}).narrow(1, 0, n - 1);
-  model.forward(src, tgt, ones({1, 1, n}, kBool), nn::subsequent_mask(n - 1));
+  const Tensor src = from_vector(src_tokens, {1, n}, device);
+  const Tensor tgt = from_vector(decoded, {1, n}, device).narrow(1, 0, n - 1);
+  model.forward(src, tgt, ones({1, 1, n}, kBool, device), nn::subsequent_mask(n - 1).to(device));
   std::vector<std::string> titles;
   const int64_t h = model.encoder->layer(0).self_attn->h;
   for (int64_t i = 1; i <= h; ++i) titles.push_back(fmt::format("head {}", i));
   for (size_t l = 0; l < model.encoder->layers->size(); ++l) {
     const auto save = [&](const Tensor& attn, const std::string& name, const char* xlabel,
                           const char* ylabel) {
-      viz::show_heatmaps(attn, fmt::format("{}/attn_{}_layer{}.svg", out, name, l + 1), xlabel,
-                         ylabel, titles);
+      viz::show_heatmaps(attn.cpu(), fmt::format("{}/attn_{}_layer{}.svg", out, name, l + 1),
+                         xlabel, ylabel, titles);
     };
     save(model.encoder->layer(l).self_attn->attn, "encoder_self", "source key", "source query");
     save(model.decoder->layer(l).self_attn->attn, "decoder_self", "target key", "target query");
@@ -310,7 +316,9 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
 
   // Train the simple copy task.
   nn::LabelSmoothing criterion(V, /*padding_idx=*/0, /*smoothing=*/0.0);
+  const Device device = program::device_of(c.device);
   auto model = nn::make_model(V, V, c.layers, c.d_model, c.d_ff, c.heads, c.dropout);
+  model->to(device);
   const data_parallel::Replica replica(model);  // rank 0's weights; gradients averaged
   optim::Adam optimizer(model->parameters(),
                         {.lr = c.lr, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9});
@@ -344,13 +352,13 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
     model->train();
     const double train_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.batches), *model, loss_compute, &optimizer,
-                  &lr_scheduler, state, progress, c.log_every, guard, dp);
+                  &lr_scheduler, state, progress, c.log_every, guard, dp, device);
     guard.check_loss(train_loss, fmt::format("the training loss of epoch {}", epoch + 1));
     guard.check_parameters(fmt::format("after epoch {}", epoch + 1));
     model->eval();
     const double eval_loss =
         run_epoch(copy_task::data_gen(V, c.batch, c.eval_batches), *model, loss_compute, nullptr,
-                  nullptr, state, progress, c.log_every, guard, dp);
+                  nullptr, state, progress, c.log_every, guard, dp, device);
     guard.check_loss(eval_loss, fmt::format("the evaluation loss of epoch {}", epoch + 1));
     train_losses.push_back(train_loss);
     eval_losses.push_back(eval_loss);
@@ -368,16 +376,16 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
   if (!dp.is_main()) return 0;
   model->eval();
   const std::vector<int64_t> source{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  const std::vector<int64_t> decoded = decode_sequence(*model, source);
+  const std::vector<int64_t> decoded = decode_sequence(*model, source, device);
   fmt::print("greedy decode of {}\n               -> {}{}\n", fmt::join(source, " "),
              fmt::join(decoded, " "), decoded == source ? "  (copied)" : "  (NOT copied)");
-  const double accuracy = exact_copy_accuracy(*model, 200);
+  const double accuracy = exact_copy_accuracy(*model, 200, device);
   fmt::print("exact-copy accuracy over 200 fresh sequences: {:.3f}\n", accuracy);
 
   guard.check_parameters("before saving");
   nn::write_safetensors(out + "/model.safetensors", model->state_dict(), model_metadata(c));
   animator.save(out + "/loss.svg");
-  draw_attention(*model, source, decoded, out);
+  draw_attention(*model, source, decoded, out, device);
 
   const double total_seconds = seconds_since(run_start);
   const nlohmann::ordered_json metrics = {
@@ -401,6 +409,8 @@ int train(const Config& c, const std::string& out, const data_parallel::Session&
         {"matmul_precision", c.matmul_precision},
         {"bfloat16_products", float32_matmul_uses_bfloat16()},
         {"threads", get_num_threads()},
+        {"device", device.str()},
+        {"gpu", program::device_model(device)},
         {"processes", dp.size()},
         {"on_nonfinite", c.on_nonfinite == program::OnNonfinite::kStop ? "stop" : "skip"}}},
       {"skipped_steps", guard.skipped()},
@@ -447,6 +457,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "random seed");
   program::add_threads_option(app, c.threads);
   program::add_matmul_precision_option(app, c.matmul_precision);
+  program::add_device_option(app, c.device);
   app.add_option("--log-every", c.log_every, "steps between progress lines")->check(positive);
   app.add_option("--out", out, "output directory");
   app.add_option("--load", load, "decode with this saved model instead of training")
@@ -465,6 +476,8 @@ int main(int argc, char** argv) {
           fmt::format("{} is fewer sequences than the {} processes that share each batch", c.batch,
                       session.size()));
     if (!decode.empty()) parse_tokens(decode);
+    if (c.device != "cpu" && session.size() > 1)
+      throw CLI::ValidationError("--device", "a GPU run is one process (mpirun shares CPUs)");
     set_num_threads(c.threads);
     set_float32_matmul_precision(c.matmul_precision);
     manual_seed(c.seed);

@@ -236,6 +236,18 @@ int device_count() { return probe().count; }
 
 std::string unavailable_reason() { return probe().reason; }
 
+std::string get_device_name(int device) {
+  check_device(Device(DeviceType::CUDA, device), "cuda::get_device_name");
+  if (detail::emulated()) return "the host, emulating a CUDA device (EMBER_CUDA_EMULATE=1)";
+#ifdef EMBER_WITH_CUDA
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return prop.name;
+#else
+  return {};  // unreachable: check_device refused
+#endif
+}
+
 void synchronize() {
   EMBER_CHECK(is_available(), "cuda::synchronize: no CUDA device: {}", unavailable_reason());
   if (detail::emulated()) return;  // every emulated kernel ran when it was launched

@@ -53,6 +53,9 @@ namespace cuda {
 bool is_available();
 // The number of usable devices: 0 without CUDA, a driver or a GPU.
 int device_count();
+// The device's name ("NVIDIA H200"; the emulated device says it is one), as
+// torch.cuda.get_device_name; an Error without that device.
+std::string get_device_name(int device = 0);
 // Waits for everything queued on every device's stream; an Error without a usable device.
 void synchronize();
 // Seeds every device's generator (ember::manual_seed does too); without a device it is only

@@ -41,10 +41,11 @@ std::vector<double> next_log_probs(EncoderDecoder& model, const Tensor& memory,
   for (const auto& p : prefixes) ys.insert(ys.end(), p.begin(), p.end());
   bool all_rows = n == memory.size(0);  // rows == 0, 1, ..., B - 1: no gather needed
   for (int64_t i = 0; all_rows && i < n; ++i) all_rows = rows[i] == i;
-  const Tensor index = from_vector(rows, {n});
+  const Tensor index = from_vector(rows, {n}, memory.device());
   const Tensor mem = all_rows ? memory : memory.index_select(0, index);
   const Tensor mask = all_rows ? src_mask : src_mask.index_select(0, index);
-  const Tensor out = model.decode(mem, mask, from_vector(ys, {n, t}), subsequent_mask(t));
+  const Tensor out = model.decode(mem, mask, from_vector(ys, {n, t}, mem.device()),
+                                  subsequent_mask(t).to(mem.device()));
   return model.generator->forward(out.narrow(1, t - 1, 1).squeeze(1)).to_vector<double>();
 }
 

@@ -36,7 +36,7 @@ Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first, doub
     }
     Shape block = trailing;
     block.insert(block.begin(), L - s.size(0));
-    padded.push_back(cat({s, full(block, padding_value, s.dtype())}, 0));
+    padded.push_back(cat({s, full(block, padding_value, s.dtype(), s.device())}, 0));
   }
   return stack(padded, batch_first ? 0 : 1);
 }

@@ -309,9 +309,10 @@ Tensor greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src
   EMBER_CHECK(max_len >= 1, "greedy_decode: max_len must be at least 1, got {}", max_len);
   NoGradGuard no_grad;
   const Tensor memory = model.encode(src, src_mask);
-  Tensor ys = full({src.size(0), 1}, static_cast<double>(start_symbol), kInt64);
+  Tensor ys = full({src.size(0), 1}, static_cast<double>(start_symbol), kInt64, src.device());
   for (int64_t i = 0; i < max_len - 1; ++i) {
-    const Tensor out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)));
+    const Tensor out =
+        model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1)).to(src.device()));
     const Tensor prob = model.generator->forward(out.narrow(1, ys.size(1) - 1, 1).squeeze(1));
     const Tensor next_word = argmax(prob, 1);  // (B)
     ys = cat({ys, next_word.unsqueeze(1)}, 1);

@@ -51,12 +51,14 @@ struct Run {
   std::string out, err;
 };
 
-// `program args` under `timeout 20`, stdout and stderr to files in scratch. A program killed by a
-// signal shows as status 128 + signal, a timeout as 124.
-Run run(const Scratch& scratch, const std::string& program, const std::string& args) {
+// `program args` under `timeout 20` (with the environment assignments `env`, as "NAME=value"),
+// stdout and stderr to files in scratch. A program killed by a signal shows as status 128 +
+// signal, a timeout as 124.
+Run run(const Scratch& scratch, const std::string& program, const std::string& args,
+        const std::string& env = "") {
   const std::string out = scratch / "stdout", err = scratch / "stderr";
-  const std::string cmd = fmt::format("timeout 20 '{}/{}' {} > '{}' 2> '{}'", EMBER_EXAMPLES_DIR,
-                                      program, args, out, err);
+  const std::string cmd = fmt::format("{} timeout 20 '{}/{}' {} > '{}' 2> '{}'", env,
+                                      EMBER_EXAMPLES_DIR, program, args, out, err);
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
 }
@@ -151,6 +153,32 @@ BOOST_AUTO_TEST_CASE(bad_numbers_and_sizes) {
   cases.push_back({"nw_regression", "--n-train 1 " + out, "--n-train"});
   expect_failures(s, cases);
   BOOST_TEST(!fs::exists(s / "out"), "a refused run created its output directory");
+}
+
+// --device: a bad name and a missing GPU are one line each; on the emulated device (Note [Host
+// emulation of a GPU]) the same run as on the CPU, its metrics naming the device.
+BOOST_AUTO_TEST_CASE(transformer_copy_on_a_device) {
+  Scratch s;
+  const std::string t = "transformer_copy";
+  std::vector<BadRun> cases = {{t, "--device gpu --out '" + s / "bad" + "'", "'gpu'"},
+                               {t, "--device cuda:x --out '" + s / "bad" + "'", "--device"}};
+  if (!cuda::is_available())
+    cases.push_back({t, "--device cuda --out '" + s / "bad" + "'", "cuda:0"});
+  expect_failures(s, cases);
+  const Run cpu = run(s, t, kTiny + " --out '" + s / "cpu" + "'");
+  const Run gpu =
+      run(s, t, kTiny + " --device cuda --out '" + s / "gpu" + "'", "EMBER_CUDA_EMULATE=1");
+  BOOST_TEST_REQUIRE(cpu.status == 0, cpu.err);
+  BOOST_TEST_REQUIRE(gpu.status == 0, gpu.err);
+  const auto cpu_metrics = nlohmann::json::parse(read_text(s / "cpu" + "/metrics.json"));
+  const auto gpu_metrics = nlohmann::json::parse(read_text(s / "gpu" + "/metrics.json"));
+  BOOST_TEST(cpu_metrics["config"]["device"] == "cpu");
+  BOOST_TEST(gpu_metrics["config"]["device"] == "cuda:0");
+  BOOST_TEST(gpu_metrics["config"]["gpu"].get<std::string>().find("emulating") !=
+             std::string::npos);
+  BOOST_TEST(
+      gpu_metrics["train_loss"][0].get<double>() == cpu_metrics["train_loss"][0].get<double>(),
+      boost::test_tools::tolerance(1e-4));
 }
 
 // Each trainer at --lr 1e300, after a good run into the same directory: exit 1 with one line, and
