@@ -18,6 +18,7 @@
 //   char_lm --out out/char_lm                                  train (nanoGPT's CPU config)
 //   char_lm --resume out/char_lm --iters 4000                  continue, further
 //   char_lm --load out/char_lm --sample 300 --prompt "Love"     generate
+//   char_lm --device cuda --out out/char_lm_gpu                  train on the GPU
 #include <sys/resource.h>
 
 #include <chrono>
@@ -52,6 +53,7 @@ struct Config {
   std::string matmul_precision = "highest";
   // How this process runs, not what it computes: may change on --resume.
   int threads = 0;
+  std::string device = "cpu";
   int64_t log_every = 50, max_steps = 0;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
   // Sampling (nanoGPT's sample.py).
@@ -256,7 +258,8 @@ struct GPT : nn::Cloneable<GPT> {
     const int64_t T = idx.size(1);
     EMBER_CHECK(T <= block, "GPT: a sequence of {} tokens is longer than the block size {}", T,
                 block);
-    Tensor x = drop->forward(wte->forward(idx) + wpe->forward(arange(0, T, 1, kInt64)));
+    Tensor x =
+        drop->forward(wte->forward(idx) + wpe->forward(arange(0, T, 1, kInt64, idx.device())));
     for (const auto& layer : *h) x = static_cast<const Block&>(*layer).forward(x);
     return linear(ln_f->forward(x), wte->weight);
   }
@@ -279,8 +282,9 @@ double learning_rate(int64_t it, const Config& c) {
 }
 
 // Random windows of `data`: x (batch, block) and y, x shifted by one (nanoGPT's get_batch),
-// offsets from the global generator.
-std::pair<Tensor, Tensor> get_batch(const std::vector<int64_t>& data, const Config& c) {
+// offsets from the global generator, on `device`.
+std::pair<Tensor, Tensor> get_batch(const std::vector<int64_t>& data, const Config& c,
+                                    const Device& device) {
   const auto n = static_cast<int64_t>(data.size());
   const std::vector<int64_t> offsets = randint(0, n - c.block, {c.batch}).to_vector<int64_t>();
   std::vector<int64_t> x, y;
@@ -290,7 +294,7 @@ std::pair<Tensor, Tensor> get_batch(const std::vector<int64_t>& data, const Conf
     x.insert(x.end(), data.begin() + i, data.begin() + i + c.block);
     y.insert(y.end(), data.begin() + i + 1, data.begin() + i + 1 + c.block);
   }
-  return {from_vector(x, {c.batch, c.block}), from_vector(y, {c.batch, c.block})};
+  return {from_vector(x, {c.batch, c.block}, device), from_vector(y, {c.batch, c.block}, device)};
 }
 
 Tensor lm_loss(const GPT& model, const Tensor& x, const Tensor& y) {
@@ -311,12 +315,15 @@ std::string generate(GPT& model, const Vocabulary& vocab, const std::string& pro
   for (int64_t i = 0; i < n; ++i) {
     const auto T = std::min<int64_t>(static_cast<int64_t>(ids.size()), model.block);
     const std::vector<int64_t> window(ids.end() - T, ids.end());
-    Tensor logits = model.forward(from_vector(window, {1, T})).select(1, T - 1) / temperature;
+    const Device device = model.wte->weight.device();
+    Tensor logits =
+        model.forward(from_vector(window, {1, T}, device)).select(1, T - 1) / temperature;
     if (top_k > 0) {
       const Tensor values = topk(logits, std::min(top_k, vocab.size())).values;
       logits = logits.masked_fill(logits < values.narrow(-1, values.size(-1) - 1, 1), -INFINITY);
     }
-    ids.push_back(multinomial(softmax(logits, -1), 1).item<int64_t>());
+    // drawn on the host from the global generator (a GPU's probabilities copied there)
+    ids.push_back(multinomial(softmax(logits, -1).cpu(), 1).item<int64_t>());
   }
   return vocab.decode({ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end()});
 }
@@ -376,11 +383,14 @@ class Trainer {
       : c_(c),
         text_(text),
         out_(std::move(out)),
+        device_(program::device_of(c.device)),
         model_(std::make_shared<GPT>(text.vocab.size(), c.block, c.layers, c.heads, c.d_model,
                                      c.dropout)),
         optimizer_(groups(*model_, c)),
         scheduler_(optimizer_, [&c](int64_t it) { return learning_rate(it, c) / c.lr; }),
-        guard_(c.on_nonfinite, model_->parameters()) {}
+        guard_(c.on_nonfinite, model_->parameters()) {
+    model_->to(device_);  // in place: the optimizer's parameters go with it
+  }
 
   Progress progress;
   GPT& model() { return *model_; }
@@ -424,7 +434,7 @@ class Trainer {
       }
       const auto start = Clock::now();
       model_->train();
-      const auto [x, y] = get_batch(text_.train, c_);
+      const auto [x, y] = get_batch(text_.train, c_, device_);
       const Tensor loss = lm_loss(*model_, x, y);
       const double value = loss.item<double>();
       const auto where = [&] { return fmt::format("iteration {}", p.iter); };
@@ -464,7 +474,7 @@ class Trainer {
     double mean[2] = {0, 0};
     for (int s = 0; s < 2; ++s) {
       for (int64_t i = 0; i < c_.eval_iters; ++i) {
-        const auto [x, y] = get_batch(s == 0 ? text_.train : text_.val, c_);
+        const auto [x, y] = get_batch(s == 0 ? text_.train : text_.val, c_, device_);
         mean[s] += lm_loss(*model_, x, y).item<double>();
       }
       mean[s] /= static_cast<double>(c_.eval_iters);
@@ -495,6 +505,7 @@ class Trainer {
   const Config& c_;
   const Text& text_;
   std::string out_;
+  Device device_;  // --device: the model and every batch live there
   std::shared_ptr<GPT> model_;
   optim::AdamW optimizer_;
   optim::LambdaLR scheduler_;
@@ -540,6 +551,8 @@ int train(const Config& c, const std::string& out, bool resume) {
   const double per_iter = p.train_seconds / static_cast<double>(std::max<int64_t>(p.iter, 1));
   Json config = config_json(c);
   config["threads"] = get_num_threads();
+  config["device"] = c.device;
+  config["gpu"] = program::device_model(program::device_of(c.device));
   config["bfloat16_products"] = float32_matmul_uses_bfloat16();
   const Json metrics = {{"config", config},
                         {"vocab_size", text.vocab.size()},
@@ -631,6 +644,7 @@ int main(int argc, char** argv) {
       ->check(count);
   program::add_on_nonfinite_option(app, c.on_nonfinite);
   program::add_threads_option(app, c.threads);
+  program::add_device_option(app, c.device);
   CLI::Option* out_option = app.add_option("--out", out, "output directory");
   app.add_option("--resume", resume, "continue the run saved in this directory")
       ->check(CLI::ExistingDirectory);

@@ -164,6 +164,9 @@ void update_on_device(const Tensor& param, cuda::kernels::OptimStep step, const 
   step.n = p.numel();
   step.p = p.data_bytes();
   step.g = g.data_bytes();
+  for (const Tensor* state : {&m, &v})
+    EMBER_CHECK(!state->defined() || state->device() == p.device(),
+                "step: optimizer state on {} for a parameter on {}", state->device(), p.device());
   step.m = m.defined() ? m.data_bytes() : nullptr;
   step.v = v.defined() ? v.data_bytes() : nullptr;
   cuda::detail::launch_optim(step, p.device(), "step");
@@ -321,7 +324,8 @@ SGD::State SGD::read(const StateDict& state) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string name = fmt::format("state.{}.momentum_buffer", i);
     if (in.contains(name))
-      s.momentum_buffers[i] = in.tensor(name, params_[i].shape(), params_[i].dtype());
+      s.momentum_buffers[i] =
+          in.tensor(name, params_[i].shape(), params_[i].dtype(), params_[i].device());
   }
   for (size_t g = 0; g < num_param_groups(); ++g) {
     const std::string p = fmt::format("param_groups.{}.", g);
@@ -460,8 +464,10 @@ Adam::State Adam::read(const StateDict& state) const {
     if (s.steps[i] < 1 && in.contains(p + "step"))
       in.fail(
           fmt::format("'{}step' is {}, a stepped parameter's count is at least 1", p, s.steps[i]));
-    s.exp_avg[i] = in.tensor(p + "exp_avg", params_[i].shape(), params_[i].dtype());
-    s.exp_avg_sq[i] = in.tensor(p + "exp_avg_sq", params_[i].shape(), params_[i].dtype());
+    s.exp_avg[i] =
+        in.tensor(p + "exp_avg", params_[i].shape(), params_[i].dtype(), params_[i].device());
+    s.exp_avg_sq[i] =
+        in.tensor(p + "exp_avg_sq", params_[i].shape(), params_[i].dtype(), params_[i].device());
   }
   for (size_t g = 0; g < num_param_groups(); ++g) {
     const std::string p = fmt::format("param_groups.{}.", g);

@@ -70,9 +70,11 @@ std::vector<int64_t> StateReader::integers(const std::string& name, size_t size)
   return t ? t->to_vector<int64_t>() : std::vector<int64_t>(size);
 }
 
-Tensor StateReader::tensor(const std::string& name, const Shape& shape, DType dtype) {
+Tensor StateReader::tensor(const std::string& name, const Shape& shape, DType dtype,
+                           const Device& device) {
   const Tensor* t = find(name, dtype, shape);
-  return t ? t->detach().clone() : Tensor();
+  if (!t) return Tensor();
+  return t->device() == device ? t->detach().clone() : t->detach().to(device);
 }
 
 void StateReader::finish() const {

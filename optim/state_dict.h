@@ -36,8 +36,10 @@ class StateReader {
   bool flag(const std::string& name);
   std::vector<double> numbers(const std::string& name, size_t size);
   std::vector<int64_t> integers(const std::string& name, size_t size);
-  // A copy with its own contiguous storage of `name`, which must have `shape` and `dtype`.
-  Tensor tensor(const std::string& name, const Shape& shape, DType dtype);
+  // A copy with its own contiguous storage of `name`, which must have `shape` and `dtype`, on
+  // `device` (its parameter's: a checkpoint loads onto a GPU optimizer's device).
+  Tensor tensor(const std::string& name, const Shape& shape, DType dtype,
+                const Device& device = kCPU);
 
   void fail(std::string problem) { problems_.push_back(std::move(problem)); }
   void finish() const;

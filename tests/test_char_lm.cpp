@@ -22,8 +22,10 @@ namespace {
 constexpr const char* kFortunes = "/usr/share/games/fortunes";
 
 // Runs `char_lm args` with stdout and stderr to files in dir; returns the exit status.
-int run_char_lm(const std::string& args, const std::filesystem::path& dir) {
-  const std::string cmd = fmt::format("'{}' {} > '{}' 2> '{}'", EMBER_CHAR_LM, args,
+// `env` holds environment assignments ("NAME=value") for the run.
+int run_char_lm(const std::string& args, const std::filesystem::path& dir,
+                const std::string& env = "") {
+  const std::string cmd = fmt::format("{} '{}' {} > '{}' 2> '{}'", env, EMBER_CHAR_LM, args,
                                       (dir / "stdout").string(), (dir / "stderr").string());
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -46,8 +48,8 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
   const std::string config = model + " --iters 40";
   const std::string a = (dir / "a").string(), b = (dir / "b").string();
   // Each status is read before the stderr it may print: a message argument is evaluated eagerly.
-  const auto expect_ok = [&](const std::string& args) {
-    const int status = run_char_lm(args, dir);
+  const auto expect_ok = [&](const std::string& args, const std::string& env = "") {
+    const int status = run_char_lm(args, dir, env);
     BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
   };
   expect_ok(fmt::format("{} --out '{}'", config, a));
@@ -92,6 +94,20 @@ BOOST_AUTO_TEST_CASE(trains_resumes_and_samples) {
     BOOST_TEST(mc.at("val_loss") != ma.at("val_loss"));
   BOOST_TEST(run_char_lm("--matmul-precision low --threads 1", dir) == 2);
   BOOST_TEST(read_text(dir / "stderr").find("--matmul-precision") != std::string::npos);
+
+  // --device cuda on the emulated device (Note [Host emulation of a GPU]): the CPU run's losses
+  // and sample; stopped and resumed there, the same again.
+  const std::string e = (dir / "e").string();
+  expect_ok(fmt::format("{} --device cuda --out '{}' --max-steps 25", config, e),
+            "EMBER_CUDA_EMULATE=1");
+  expect_ok(fmt::format("{} --device cuda --out '{}' --resume '{}'", config, e, e),
+            "EMBER_CUDA_EMULATE=1");
+  const auto me = nlohmann::json::parse(read_text(dir / "e/metrics.json"));
+  BOOST_TEST(me.at("config").at("device") == "cuda");
+  const auto val_e = me.at("val_loss").get<std::vector<double>>();
+  BOOST_TEST_REQUIRE(val_e.size() == val.size());
+  for (size_t i = 0; i < val.size(); ++i)
+    BOOST_TEST(val_e[i] == val[i], boost::test_tools::tolerance(1e-4));
 
   // Sampling from a saved model: the same seed gives the same text, another seed other text.
   const auto sample = [&](int seed) {
