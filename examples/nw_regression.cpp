@@ -24,6 +24,7 @@ struct Flags {
   double lr = 0.5;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
   std::string out = "out/nw_regression";
+  std::string device = "cpu";
 };
 
 // Bytes the run needs: its (n_train, n_train) matrices (tiles, mask, keys, values, the kernel
@@ -42,6 +43,7 @@ int run(const Flags& flags) {
   program::check_memory(memory_bytes(n_train), fmt::format("--n-train {}", n_train));
   program::prepare_out_dir(out, {"metrics.json", "loss.svg"});
   set_num_threads(flags.threads);
+  const Device device = program::device_of(flags.device);
   manual_seed(seed);
   const auto file = [&](const std::string& name) {
     return (std::filesystem::path(out) / name).string();
@@ -52,10 +54,11 @@ int run(const Flags& flags) {
   viz::show_heatmaps(attention_weights, file("attention_cues.svg"), "Keys", "Queries");
 
   // --- 10.2.1 Data: y = 2 sin(x) + x^0.8 + noise --------------------------------------------
-  const Tensor x_train = sort(rand({n_train}) * 5).values;  // sorted training inputs
+  // (drawn on the host, the same numbers for any --device, then moved there)
+  const Tensor x_train = sort(rand({n_train}) * 5).values.to(device);  // sorted training inputs
   const auto f = [](const Tensor& x) { return 2 * sin(x) + x.pow(0.8); };
-  const Tensor y_train = f(x_train) + normal(0.0, 0.5, {n_train});  // training outputs
-  const Tensor x_test = arange(0, 5, 0.1);                          // testing examples
+  const Tensor y_train = f(x_train) + normal(0.0, 0.5, {n_train}).to(device);  // training outputs
+  const Tensor x_test = arange(0, 5, 0.1, kFloat32, device);                   // testing examples
   const Tensor y_truth = f(x_test);  // ground-truth outputs of the testing examples
   const int64_t n_test = x_test.numel();
   fmt::print("n_train {}, n_test {}\n", n_train, n_test);
@@ -63,8 +66,9 @@ int run(const Flags& flags) {
   // Truth and prediction as lines, the training examples as circles.
   const auto plot_kernel_reg = [&](const Tensor& y_hat, const std::string& name) {
     viz::Figure fig("x", "y");
-    fig.add_line(x_test, y_truth, "Truth").add_line(x_test, y_hat.reshape({-1}), "Pred");
-    fig.add_scatter(x_train, y_train, "", 0.5).xlim(0, 5).ylim(-1, 5);
+    fig.add_line(x_test.cpu(), y_truth.cpu(), "Truth")
+        .add_line(x_test.cpu(), y_hat.reshape({-1}).cpu(), "Pred");
+    fig.add_scatter(x_train.cpu(), y_train.cpu(), "", 0.5).xlim(0, 5).ylim(-1, 5);
     fig.save(file(name));
   };
   const auto test_mse = [&](const Tensor& y_hat) {
@@ -87,17 +91,17 @@ int run(const Flags& flags) {
   fmt::print("attention_weights {}, y_train {}\n", attention_weights.shape(), y_train.shape());
   plot_kernel_reg(y_hat, "kernel_reg_nonparametric.svg");
   const double mse_nonparametric = test_mse(y_hat);
-  viz::show_heatmaps(attention_weights.unsqueeze(0).unsqueeze(0),
+  viz::show_heatmaps(attention_weights.unsqueeze(0).unsqueeze(0).cpu(),
                      file("attention_nonparametric.svg"), "Sorted training inputs",
                      "Sorted testing inputs");
 
   // --- 10.2.4 Parametric attention pooling --------------------------------------------------
   // Batch matrix multiplication: (n, a, b) x (n, b, c) -> (n, a, c).
-  const Tensor X = ones({2, 1, 4}), Y = ones({2, 4, 6});
+  const Tensor X = ones({2, 1, 4}, kFloat32, device), Y = ones({2, 4, 6}, kFloat32, device);
   fmt::print("bmm(X, Y).shape {}\n", bmm(X, Y).shape());
   {
-    const Tensor weights = ones({2, 10}) * 0.1;
-    const Tensor values = arange(0, 20).reshape({2, 10});
+    const Tensor weights = ones({2, 10}, kFloat32, device) * 0.1;
+    const Tensor values = arange(0, 20, 1, kFloat32, device).reshape({2, 10});
     fmt::print("bmm(weights.unsqueeze(1), values.unsqueeze(-1))\n{}\n",
                bmm(weights.unsqueeze(1), values.unsqueeze(-1)));
   }
@@ -108,7 +112,7 @@ int run(const Flags& flags) {
   const Tensor X_tile = x_train.repeat({n_train, 1});
   // Y_tile: (n_train, n_train), each row holds the same training outputs.
   const Tensor Y_tile = y_train.repeat({n_train, 1});
-  const Tensor mask = (1 - eye(n_train)).to(kBool);
+  const Tensor mask = (1 - eye(n_train, kFloat32, device)).to(kBool);
   // keys: (n_train, n_train - 1)
   Tensor keys = X_tile.masked_select(mask).reshape({n_train, -1});
   // values: (n_train, n_train - 1)
@@ -116,6 +120,7 @@ int run(const Flags& flags) {
   fmt::print("keys {}, values {}\n", keys.shape(), values.shape());
 
   nn::NWKernelRegression net;
+  net.to(device);
   const double w_initial = net.w.item<double>();
   const auto loss = [](const Tensor& y_hat, const Tensor& y) {
     return mse_loss(y_hat, y, Reduction::None);
@@ -152,7 +157,7 @@ int run(const Flags& flags) {
   plot_kernel_reg(y_hat, "kernel_reg_parametric.svg");
   const double mse_parametric = test_mse(y_hat);
   // Sharper than the nonparametric weights: w > 1 narrows the Gaussian kernel.
-  viz::show_heatmaps(net.attention_weights.unsqueeze(0).unsqueeze(0),
+  viz::show_heatmaps(net.attention_weights.unsqueeze(0).unsqueeze(0).cpu(),
                      file("attention_parametric.svg"), "Sorted training inputs",
                      "Sorted testing inputs");
 
@@ -164,6 +169,8 @@ int run(const Flags& flags) {
       {"n_train", n_train},
       {"epochs", epochs},
       {"lr", lr},
+      {"device", device.str()},
+      {"gpu", program::device_model(device)},
       {"skipped_steps", guard.skipped()},
       {"w_initial", w_initial},
       {"w_learned", w_learned},
@@ -191,6 +198,7 @@ int main(int argc, char** argv) {
   app.add_option("--n-train", flags.n_train, "training examples (memory grows as its square)")
       ->check(program::finite_in(2, 100000));
   program::add_threads_option(app, flags.threads);
+  program::add_device_option(app, flags.device);
   app.add_option("--out", flags.out, "output directory");
   return program::run("nw_regression", app, argc, argv, [&] { return run(flags); });
 }

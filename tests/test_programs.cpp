@@ -156,8 +156,9 @@ BOOST_AUTO_TEST_CASE(bad_numbers_and_sizes) {
 }
 
 // --device: a bad name and a missing GPU are one line each; on the emulated device (Note [Host
-// emulation of a GPU]) the same run as on the CPU, its metrics naming the device.
-BOOST_AUTO_TEST_CASE(transformer_copy_on_a_device) {
+// emulation of a GPU]) transformer_copy and nw_regression make the CPU run's numbers, their
+// metrics naming the device.
+BOOST_AUTO_TEST_CASE(examples_on_a_device) {
   Scratch s;
   const std::string t = "transformer_copy";
   std::vector<BadRun> cases = {{t, "--device gpu --out '" + s / "bad" + "'", "'gpu'"},
@@ -179,6 +180,17 @@ BOOST_AUTO_TEST_CASE(transformer_copy_on_a_device) {
   BOOST_TEST(
       gpu_metrics["train_loss"][0].get<double>() == cpu_metrics["train_loss"][0].get<double>(),
       boost::test_tools::tolerance(1e-4));
+  // nw_regression likewise: the same w learned, recorded with its device
+  const std::string nw = "nw_regression";
+  BOOST_TEST_REQUIRE(run(s, nw, "--threads 1 --out '" + s / "nw_cpu" + "'").status == 0);
+  BOOST_TEST_REQUIRE(
+      run(s, nw, "--threads 1 --device cuda --out '" + s / "nw_gpu" + "'", "EMBER_CUDA_EMULATE=1")
+          .status == 0);
+  const auto nw_cpu = nlohmann::json::parse(read_text(s / "nw_cpu" + "/metrics.json"));
+  const auto nw_gpu = nlohmann::json::parse(read_text(s / "nw_gpu" + "/metrics.json"));
+  BOOST_TEST(nw_gpu["device"] == "cuda:0");
+  BOOST_TEST(nw_gpu["w_learned"].get<double>() == nw_cpu["w_learned"].get<double>(),
+             boost::test_tools::tolerance(1e-4));
 }
 
 // Each trainer at --lr 1e300, after a good run into the same directory: exit 1 with one line, and

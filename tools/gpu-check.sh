@@ -8,9 +8,10 @@
 #                               # packed (66 MB unpacked, over what a device call carries)
 #   tools/gpu-check.sh run      # there, from the repository root, gpu-bundle.tar.xz carried (the
 #                               # device tool's carry: ["gpu-bundle.tar.xz"], it is ignored): the
-#                               # machine (nvidia-smi, the processor) and the CUDA suite
-#                               # (DEVICE_TESTS below), to logs under $OUT (default
-#                               # out/gpu-check); each op table joins it as its kernels land
+#                               # machine (nvidia-smi, the processor), the CUDA suite
+#                               # (DEVICE_TESTS below), the copy task trained with --device cuda,
+#                               # and char_lm's ms/iter against PyTorch's on the same GPU, to logs
+#                               # under $OUT (default out/gpu-check); a few minutes
 #
 # The GPU machine has CUDA's driver, none of Ember's Debian packages and no network: the bundle
 # carries OpenBLAS, fmt, Boost.Test, libgomp, libgfortran and the CUDA runtime Ember was built
@@ -37,6 +38,9 @@ bundle)
     grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcublas|libcublasLt)\.so' |
     while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
   strip "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy "$BUNDLE"/char_lm "$BUNDLE"/pinn
+  # char_lm's text (Debian's fortunes, not installed there): the files without a dot
+  mkdir -p "$BUNDLE/fortunes"
+  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' -exec cp {} "$BUNDLE/fortunes/" \;
   tar -cJf "$BUNDLE.tar.xz" "$BUNDLE" && rm -rf "$BUNDLE"
   for ignored in "/$BUNDLE/" "/$BUNDLE.tar.xz"; do
     grep -qxF "$ignored" .git/info/exclude || echo "$ignored" >>.git/info/exclude
@@ -63,6 +67,22 @@ run)
   "$BIN/ember_tests" --run_test="$DEVICE_TESTS" --log_level=message >"$OUT/device.log" 2>&1 ||
     status=1
   tail -n 3 "$OUT/device.log"
+  # The copy task trained on the GPU (a small config): it runs and learns
+  "$BIN/transformer_copy" --device cuda --layers 2 --d-model 128 --d-ff 256 --heads 4 --epochs 3 \
+    --out "$OUT/transformer_copy" >"$OUT/transformer_copy.log" 2>&1 || status=1
+  tail -n 2 "$OUT/transformer_copy.log"
+  # char_lm's iteration (nanoGPT's CPU config), Ember and PyTorch on the same GPU, ms/iter from
+  # each side's metrics.json; the evaluations are left out of both timings
+  LM="--iters ${LM_ITERS:-300} --eval-interval 100000 --eval-iters 1 --log-every 100"
+  "$BIN/char_lm" --device cuda --data "$BIN/fortunes" $LM --sample 20 \
+    --out "$OUT/char_lm_ember" >"$OUT/char_lm_ember.log" 2>&1 || status=1
+  python3 bench/pytorch/char_lm.py --device cuda --data "$BIN/fortunes" $LM \
+    --out "$OUT/char_lm_torch" >"$OUT/char_lm_torch.log" 2>&1 || status=1
+  for side in ember torch; do
+    python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print(sys.argv[2], "ms/iter",
+      round(m["ms_per_iter"], 3), "val", m["val_loss"][-1])' \
+      "$OUT/char_lm_$side/metrics.json" "$side" 2>/dev/null || echo "$side: no metrics"
+  done | tee "$OUT/char_lm.txt"
   exit "$status"
   ;;
 *)

@@ -135,7 +135,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.size(1)
-        pos = torch.arange(0, T, dtype=torch.long)
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:
             x = block(x)
@@ -172,6 +172,7 @@ def main():
                     default="highest", help="torch.set_float32_matmul_precision")
     ap.add_argument("--autocast", action="store_true",
                     help="forward and loss under torch.autocast('cpu', torch.bfloat16)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (Ember's --device)")
     ap.add_argument("--no-flash", action="store_true",
                     help="attention written out even where F.scaled_dot_product_attention exists")
     a = ap.parse_args()
@@ -184,7 +185,9 @@ def main():
     files, chars, train_data, val_data = read_text(a.data)
     print(f"{len(files)} files, {len(train_data) + len(val_data)} characters: train "
           f"{len(train_data)}, val {len(val_data)}; vocabulary {len(chars)}", flush=True)
-    model = GPT(len(chars), a.block, a.layers, a.heads, a.d_model, a.dropout)
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    model = GPT(len(chars), a.block, a.layers, a.heads, a.d_model, a.dropout).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -204,14 +207,14 @@ def main():
         ix = torch.randint(len(data) - a.block, (a.batch,))
         x = torch.stack([data[i:i + a.block] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
-        return x, y
+        return x.to(device), y.to(device)
 
     @torch.no_grad()
     def estimate_loss():
         model.eval()
         out = []
         for data in (train_data, val_data):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.autocast):
                 losses = [model(*get_batch(data)).item() for _ in range(a.eval_iters)]
             out.append(sum(losses) / len(losses))
         model.train()
@@ -232,12 +235,14 @@ def main():
         for group in optimizer.param_groups:
             group["lr"] = get_lr(it)
         model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.autocast):
             loss = model(*get_batch(train_data))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if cuda:  # the step's kernels done, as Ember's step (which reads its loss) waits for them
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         train_seconds += seconds
         window += seconds
