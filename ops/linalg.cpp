@@ -294,6 +294,17 @@ template <class T>
 void narrow_gemm(int64_t m, int64_t n, int64_t k, T alpha, StridedMatrix<const T> a,
                  StridedMatrix<const T> b, T beta, StridedMatrix<T> c) {
   constexpr int64_t W = Lanes<T>::kWidth;
+  // At most four vectors of columns at a time: product_loop sends up to kDeepNarrow (32) columns
+  // here, more than four vectors hold where they are narrower than AVX-512's (AVX2's 4 doubles,
+  // SSE's 2), so C is done in blocks of columns there.
+  if (n > kNarrowColumns<T>) {
+    for (int64_t j = 0; j < n; j += kNarrowColumns<T>) {
+      const int64_t w = std::min(kNarrowColumns<T>, n - j);
+      narrow_gemm<T>(m, w, k, alpha, a, {b.p + j * b.cs, b.rs, b.cs}, beta,
+                     {c.p + j * c.cs, c.rs, c.cs});
+    }
+    return;
+  }
   const int64_t nv = (n + W - 1) / W, np = nv * W;
   const auto run = [&](int64_t kc, StridedMatrix<const T> ak, const T* bp, int64_t ldb, T bk) {
     switch (nv) {
