@@ -8,8 +8,7 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
-#include "graph/device_backend.h"
-#include "graph/strided.h"
+#include "ops/optimizer_step.h"
 
 namespace ember::optim {
 
@@ -133,51 +132,6 @@ void Optimizer::load_state_dict(const StateDict& state) {
 
 namespace {
 
-// Runs update<T>(p, g, n) on raw pointers to the contiguous data of parameter p and its gradient
-// (p is updated through a contiguous copy when it is a non-contiguous view), then bumps p's
-// version: an in-place write, see Note [Version counter].
-template <class F>
-void update_in_place(const Tensor& param, F update) {
-  const Tensor g = param.grad().dtype() == param.dtype() ? param.grad().contiguous()
-                                                         : param.grad().to(param.dtype());
-  const Tensor p = param.is_contiguous() ? param : param.detach().contiguous();
-  dispatch_float(p.dtype(), "step", [&]<class T>() {
-    update.template operator()<T>(p.data<T>(), g.data<T>(), p.numel());
-  });
-  if (!p.same(param)) {
-    NoGradGuard no_grad;
-    Tensor(param).copy_(p);
-  } else {
-    param.impl()->storage->bump_version();
-  }
-}
-
-// The same update on a device other than the CPU: cuda/optim.h's kernel with `step`'s kind and
-// scalars, over the parameter's contiguous data (a contiguous copy written back for a view), its
-// gradient's and its state's (m, v: contiguous, of the parameter's shape, or undefined).
-void update_on_device(const Tensor& param, cuda::kernels::OptimStep step, const Tensor& m,
-                      const Tensor& v) {
-  const Tensor g = param.grad().dtype() == param.dtype() ? param.grad().contiguous()
-                                                         : param.grad().to(param.dtype());
-  const Tensor p = param.is_contiguous() ? param : param.detach().contiguous();
-  step.type = scalar_type_of(p.dtype());
-  step.n = p.numel();
-  step.p = p.data_bytes();
-  step.g = g.data_bytes();
-  for (const Tensor* state : {&m, &v})
-    EMBER_CHECK(!state->defined() || state->device() == p.device(),
-                "step: optimizer state on {} for a parameter on {}", state->device(), p.device());
-  step.m = m.defined() ? m.data_bytes() : nullptr;
-  step.v = v.defined() ? v.data_bytes() : nullptr;
-  cuda::detail::launch_optim(step, p.device(), "step");
-  if (!p.same(param)) {
-    NoGradGuard no_grad;
-    Tensor(param).copy_(p);
-  } else {
-    param.impl()->storage->bump_version();
-  }
-}
-
 template <class Options>
 std::vector<std::vector<Tensor>> group_params(const std::vector<ParamGroup<Options>>& groups) {
   std::vector<std::vector<Tensor>> out;
@@ -270,34 +224,13 @@ void SGD::step() {
       if (!param.grad().defined()) continue;
       const bool first = !momentum_buffers_[i].defined();
       if (o.momentum != 0 && first) momentum_buffers_[i] = zeros_like(param);
-      if (!param.device().is_cpu()) {
-        cuda::kernels::OptimStep s;
-        s.kind = o.momentum == 0 ? cuda::kernels::Update::Sgd : cuda::kernels::Update::SgdMomentum;
-        s.lr = group_lr, s.weight_decay = o.weight_decay, s.mu = o.momentum;
-        s.keep = 1 - o.dampening, s.first = first, s.nesterov = o.nesterov;
-        update_on_device(param, s, momentum_buffers_[i], {});
-        continue;
-      }
-      update_in_place(param, [&]<class T>(T* p, const T* g, int64_t n) {
-        const T lr = T(group_lr), wd = T(o.weight_decay), mu = T(o.momentum);
-        const T keep = T(1 - o.dampening);
-        // Scalars by value: GCC 12 vectorises no loop reading a by-reference capture.
-        if (o.momentum == 0) {
-          parallel_for(n, [=](int64_t begin, int64_t end) {
-            for (int64_t j = begin; j < end; ++j) p[j] -= lr * (g[j] + wd * p[j]);
-          });
-          return;
-        }
-        T* b = momentum_buffers_[i].data<T>();
-        const bool nesterov = o.nesterov;
-        parallel_for(n, [=](int64_t begin, int64_t end) {
-          for (int64_t j = begin; j < end; ++j) {
-            const T d = g[j] + wd * p[j];
-            b[j] = first ? d : mu * b[j] + keep * d;
-            p[j] -= lr * (nesterov ? d + mu * b[j] : b[j]);
-          }
-        });
-      });
+      sgd_step_(param, momentum_buffers_[i],
+                {.lr = group_lr,
+                 .weight_decay = o.weight_decay,
+                 .momentum = o.momentum,
+                 .keep = 1 - o.dampening,
+                 .first = first,
+                 .nesterov = o.nesterov});
     }
   }
 }
@@ -399,34 +332,14 @@ void Adam::step() {
       const int64_t t = ++steps_[i];
       const double step_size = lr / (1 - std::pow(o.beta1, static_cast<double>(t)));
       const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t)));
-      if (!param.device().is_cpu()) {
-        cuda::kernels::OptimStep s;
-        s.kind = cuda::kernels::Update::Adam;
-        s.l2 = o.decoupled_weight_decay ? 0 : o.weight_decay;
-        s.decay = o.decoupled_weight_decay ? 1 - lr * o.weight_decay : 1;
-        s.beta1 = o.beta1, s.beta2 = o.beta2, s.eps = o.eps;
-        s.step_size = step_size, s.c2 = bc2_sqrt;
-        update_on_device(param, s, exp_avg_[i], exp_avg_sq_[i]);
-        continue;
-      }
-      update_in_place(param, [&]<class T>(T* p, const T* g, int64_t n) {
-        T* m = exp_avg_[i].data<T>();
-        T* v = exp_avg_sq_[i].data<T>();
-        const T l2 = T(o.decoupled_weight_decay ? 0 : o.weight_decay);
-        const T decay = T(o.decoupled_weight_decay ? 1 - lr * o.weight_decay : 1);
-        const T b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
-        const T s = T(step_size), c2 = T(bc2_sqrt);
-        // Scalars by value: GCC 12 vectorises no loop reading a by-reference capture.
-        parallel_for(n, [=](int64_t begin, int64_t end) {
-          for (int64_t j = begin; j < end; ++j) {
-            const T gj = g[j] + l2 * p[j];
-            p[j] *= decay;
-            m[j] = m[j] * b1 + (1 - b1) * gj;
-            v[j] = v[j] * b2 + (1 - b2) * gj * gj;
-            p[j] -= s * m[j] / (std::sqrt(v[j]) / c2 + eps);
-          }
-        });
-      });
+      adam_step_(param, exp_avg_[i], exp_avg_sq_[i],
+                 {.l2 = o.decoupled_weight_decay ? 0 : o.weight_decay,
+                  .decay = o.decoupled_weight_decay ? 1 - lr * o.weight_decay : 1,
+                  .beta1 = o.beta1,
+                  .beta2 = o.beta2,
+                  .eps = o.eps,
+                  .step_size = step_size,
+                  .c2 = bc2_sqrt});
     }
   }
 }
