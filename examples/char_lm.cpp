@@ -322,8 +322,7 @@ std::string generate(GPT& model, const Vocabulary& vocab, const std::string& pro
       const Tensor values = topk(logits, std::min(top_k, vocab.size())).values;
       logits = logits.masked_fill(logits < values.narrow(-1, values.size(-1) - 1, 1), -INFINITY);
     }
-    // drawn on the host from the global generator (a GPU's probabilities copied there)
-    ids.push_back(multinomial(softmax(logits, -1).cpu(), 1).item<int64_t>());
+    ids.push_back(multinomial(softmax(logits, -1), 1).item<int64_t>());
   }
   return vocab.decode({ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end()});
 }

@@ -996,6 +996,9 @@ Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement)
   EMBER_CHECK(replacement || num_samples <= C,
               "{}: cannot draw {} samples from {} categories without replacement", op, num_samples,
               C);
+  if (!weights.device().is_cpu())  // drawn on the host from the global generator (one copy
+    // each way): the CPU's samples for the same seed
+    return multinomial(weights.detach().cpu(), num_samples, replacement).to(weights.device());
   const int64_t rs = batched ? weights.stride(0) : 0, cs = weights.stride(-1);
   Tensor out = empty(batched ? Shape{N, num_samples} : Shape{num_samples}, kInt64);
   dispatch_float(weights.dtype(), op, [&]<class T>() {

@@ -319,8 +319,15 @@ BOOST_AUTO_TEST_CASE(gpu_tensors) {
   expect_error([&] { (void)add(g, x); }, {"add", "one device", "cuda:0", "cpu"});
   expect_error([&] { (void)matmul(x, g.transpose(0, 1)); },
                {"matmul", "one device", "cpu", "cuda:0"});
-  // an op without a CUDA kernel refuses the device's tensors rather than reading them
-  expect_error([&] { (void)multinomial(abs(g), 1); }, {"CPU kernel", "cuda:0", ".cpu()"});
+  // multinomial draws on the host: the CPU's samples for the same seed, on the device
+  manual_seed(8);
+  const Tensor drawn = multinomial(abs(x), 4, true);
+  manual_seed(8);
+  const Tensor drawn_here = multinomial(abs(g), 4, true);
+  BOOST_TEST(drawn_here.is_cuda());
+  expect_equal(drawn_here.cpu(), drawn);
+  // a CPU kernel refuses a device's tensor rather than reading its memory
+  expect_error([&] { (void)g.data<double>(); }, {"CPU kernel", "cuda:0", ".cpu()"});
   expect_error([&] { lin.to(Device(DeviceType::CUDA, cuda::device_count())); },
                {"to", "CUDA device(s)"});
 }
