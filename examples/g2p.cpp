@@ -15,6 +15,7 @@
 //
 //   g2p --out out/g2p                                  train (the default config)
 //   g2p --resume out/g2p                               continue a stopped run
+//   g2p --device cuda --out out/g2p_gpu                the same on a GPU (model and batches there)
 //   g2p --load out/g2p --predict hello world           pronounce words with a trained model
 //   echo hello | g2p --load out/g2p                    words from standard input
 #include <chrono>
@@ -49,8 +50,10 @@ struct Config {
   uint64_t seed = 0;
   std::string data = g2p::kDefaultDict;
   std::string matmul_precision = "highest";
-  // How this process runs, not what it computes: may change on --resume.
+  // How this process runs, not what it computes: may change on --resume (a run stopped on the
+  // CPU may go on on a GPU: its checkpoint loads onto the model's device).
   int threads = 0;
+  std::string device = "cpu";
   int64_t log_every = 200, checkpoint_every = 200, max_steps = 0;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
 };
@@ -115,10 +118,11 @@ std::vector<std::vector<int64_t>> decode_all(EncoderDecoder& model,
                                              std::shared_ptr<const data::ExampleDataset> dataset,
                                              const Config& c, int64_t beam) {
   model.eval();
+  const Device device(c.device);
   const data::DataLoader loader(dataset, {.batch_tokens = c.batch_tokens, .shuffle = false});
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(dataset->size()));
   for (const auto& indices : loader.plan(0)) {
-    const nn::Batch batch = loader.collate(indices);
+    const nn::Batch batch = loader.collate(indices).to(device);
     const int64_t max_len = batch.src.size(1) + 6;
     const auto hyps = beam == 1 ? nn::greedy_search(model, batch.src, batch.src_mask, max_len,
                                                     Vocab::kBos, Vocab::kEos, c.alpha)
@@ -173,7 +177,7 @@ void save_model(const std::string& dir, const EncoderDecoder& model, const Confi
 // for the first `count` test words, teacher-forced with their predictions: attn_src_<n>.svg.
 void draw_attention(EncoderDecoder& model, const EvalSet& test,
                     const std::vector<std::vector<int64_t>>& predictions, const Vocab& phonemes,
-                    const std::string& out, size_t count) {
+                    const std::string& out, size_t count, const Device& device) {
   NoGradGuard no_grad;
   model.eval();
   for (size_t i = 0; i < std::min(count, test.words.size()); ++i) {
@@ -181,14 +185,14 @@ void draw_attention(EncoderDecoder& model, const EvalSet& test,
     std::vector<int64_t> tgt{Vocab::kBos};
     tgt.insert(tgt.end(), predictions[i].begin(), predictions[i].end());
     const auto S = static_cast<int64_t>(e.src.size()), T = static_cast<int64_t>(tgt.size());
-    model.forward(from_vector(e.src, {1, S}), from_vector(tgt, {1, T}), ones({1, 1, S}, kBool),
-                  nn::subsequent_mask(T));
+    model.forward(from_vector(e.src, {1, S}, device), from_vector(tgt, {1, T}, device),
+                  ones({1, 1, S}, kBool, device), nn::subsequent_mask(T).to(device));
     const auto& layer = model.decoder->layer(model.decoder->layers->size() - 1);
     std::vector<std::string> titles;
     for (int64_t h = 0; h < layer.src_attn->h; ++h)
       titles.push_back(fmt::format("{} head {}", test.words[i], h + 1));
     viz::show_heatmaps(
-        layer.src_attn->attn, fmt::format("{}/attn_src_{}.svg", out, i + 1), "grapheme",
+        layer.src_attn->attn.cpu(), fmt::format("{}/attn_src_{}.svg", out, i + 1), "grapheme",
         fmt::format("phoneme ({})", fmt::join(phonemes.decode(predictions[i]), " ")), titles);
   }
 }
@@ -202,6 +206,7 @@ int predict(const std::string& dir, std::vector<std::string> words, const Config
   auto model = nn::make_model(graphemes.size(), phonemes.size(), meta("layers"), meta("d_model"),
                               meta("d_ff"), meta("heads"), 0.0);
   nn::load(*model, dir + "/model.safetensors");
+  model->to(program::device_of(c.device));
   if (words.empty())
     for (std::string line; std::getline(std::cin, line);) words.push_back(line);
   std::vector<data::Example> examples;
@@ -336,8 +341,7 @@ class Trainer {
       : c_(c),
         task_(task),
         out_(std::move(out)),
-        model_(nn::make_model(task.graphemes.size(), task.phonemes.size(), c.layers, c.d_model,
-                              c.d_ff, c.heads, c.dropout)),
+        model_(make_model(c, task)),
         criterion_(task.phonemes.size(), Vocab::kPad, c.smoothing),
         optimizer_(model_->parameters(), {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9}),
         scheduler_(optimizer_, [d = c.d_model, f = c.lr_factor,
@@ -369,7 +373,7 @@ class Trainer {
         return false;
       }
       const auto step_start = Clock::now();
-      const nn::Batch batch = loader_.collate(plan[static_cast<size_t>(p.step)]);
+      const nn::Batch batch = loader_.collate(plan[static_cast<size_t>(p.step)]).to(device_);
       const Tensor out = model_->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
       const Tensor logits = model_->generator->forward(out);
       const Tensor loss = criterion_(logits.contiguous().view({-1, logits.size(-1)}),
@@ -455,8 +459,18 @@ class Trainer {
   }
 
  private:
+  // The model, initialised on the host (the same weights for any --device) and moved to the
+  // run's device before the optimizer sees its parameters.
+  static std::shared_ptr<EncoderDecoder> make_model(const Config& c, const Task& task) {
+    auto model = nn::make_model(task.graphemes.size(), task.phonemes.size(), c.layers, c.d_model,
+                                c.d_ff, c.heads, c.dropout);
+    model->to(Device(c.device));
+    return model;
+  }
+
   const Config& c_;
   const Task& task_;
+  Device device_{c_.device};
   std::string out_;
   std::shared_ptr<EncoderDecoder> model_;
   nn::LabelSmoothing criterion_;
@@ -492,9 +506,11 @@ void test_and_report(Trainer& trainer, const Task& task, const Config& c, const 
     tsv += fmt::format("{}\t{}\n", task.test.words[i],
                        fmt::join(task.phonemes.decode(chosen.predictions[i]), " "));
   program::write_text(out + "/predictions.tsv", tsv);
-  draw_attention(model, task.test, chosen.predictions, task.phonemes, out, 3);
+  draw_attention(model, task.test, chosen.predictions, task.phonemes, out, 3, Device(c.device));
   Json config = config_json(c);
   config["threads"] = get_num_threads();
+  config["device"] = Device(c.device).str();
+  config["gpu"] = program::device_model(Device(c.device));
   config["bfloat16_products"] = float32_matmul_uses_bfloat16();
   const Json metrics = {
       {"config", config},
@@ -606,6 +622,7 @@ int main(int argc, char** argv) {
       ->check(count);
   program::add_on_nonfinite_option(app, c.on_nonfinite);
   program::add_threads_option(app, c.threads);
+  program::add_device_option(app, c.device);
   CLI::Option* out_option = app.add_option("--out", out, "output directory");
   app.add_option("--resume", resume, "continue the run saved in this directory")
       ->check(CLI::ExistingDirectory);
@@ -626,6 +643,7 @@ int main(int argc, char** argv) {
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
     set_num_threads(c.threads);
     set_float32_matmul_precision(c.matmul_precision);
+    (void)program::device_of(c.device);  // one line, before any work, when it is not usable
     manual_seed(c.seed);
     if (!load.empty()) return predict(load, words, c);
     program::check_memory(training_bytes(c),

@@ -23,21 +23,24 @@ int main(int argc, char** argv) {
   int epochs = 500, threads = 0;
   double lr = 0.01;
   program::OnNonfinite on_nonfinite = program::OnNonfinite::kStop;
-  std::string out = "out/mlp_regression";
+  std::string out = "out/mlp_regression", device_name = "cpu";
   app.add_option("--seed", seed, "random seed");
   app.add_option("--epochs", epochs, "full-batch training steps")->check(program::count(0));
   app.add_option("--lr", lr, "Adam learning rate")->check(program::positive());
   program::add_on_nonfinite_option(app, on_nonfinite);
   program::add_threads_option(app, threads);
+  program::add_device_option(app, device_name);
   app.add_option("--out", out, "output directory");
   return program::run("mlp_regression", app, argc, argv, [&] {
     program::prepare_out_dir(out, {"model.safetensors"});
     set_num_threads(threads);
+    const Device device = program::device_of(device_name);
 
     manual_seed(seed);
-    const Tensor x = rand({256, 1}) * 2.0 - 1.0;
-    const Tensor y = sin(x * 3.0) + normal(0, 0.05, {256, 1});
+    const Tensor x = (rand({256, 1}) * 2.0 - 1.0).to(device);
+    const Tensor y = sin(x * 3.0) + normal(0, 0.05, {256, 1}).to(device);
     auto model = std::make_shared<MLP>(1, 32, 1);
+    model->to(device);  // parameters moved in place, before the optimizer takes them
     optim::Adam opt(model->parameters(), {.lr = lr});
     program::NonfiniteGuard guard(on_nonfinite, model->parameters());
     for (int epoch = 1; epoch <= epochs; ++epoch) {
@@ -58,6 +61,7 @@ int main(int argc, char** argv) {
     nn::save(*model, path);
     MLP restored(1, 32, 1);
     nn::load(restored, path);
+    restored.to(device);
     fmt::print("saved and reloaded {}: loss {:.5f}\n", path,
                mse_loss(restored.forward(x), y).item<double>());
     return 0;

@@ -33,6 +33,7 @@ struct Config {
   DType dtype = kFloat32;
   uint64_t seed = 1234;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 // u(x, t): `layers` Linear layers (layers - 1 hidden ones of `width` tanh units) on the inputs
@@ -52,7 +53,8 @@ struct Net : nn::Cloneable<Net> {
   }
   // xt: (n, 2), columns x in [-1, 1] and t in [0, 1].
   Tensor forward(const Tensor& xt) const {
-    Tensor h = xt * tensor({1.0, 2.0}, xt.dtype()) - tensor({0.0, 1.0}, xt.dtype());  // to [-1, 1]²
+    const auto row = [&](double a, double b) { return tensor({a, b}, xt.dtype()).to(xt.device()); };
+    Tensor h = xt * row(1.0, 2.0) - row(0.0, 1.0);  // to [-1, 1]²
     for (size_t i = 0; i < list->size(); ++i) {
       h = list->at<nn::Linear>(i)->forward(h);
       if (i + 1 < list->size()) h = tanh(h);
@@ -64,7 +66,8 @@ struct Net : nn::Cloneable<Net> {
 
 // The training data, as Raissi's: N_u points drawn from the initial line (256 x values at t = 0)
 // and the two boundaries (100 t values each), and N_f Latin hypercube collocation points, to
-// which the N_u points are added.
+// which the N_u points are added. Drawn on the host (the same points for any --device), then
+// moved to the training device.
 struct Data {
   Tensor xt_u, u, x_f, t_f;  // (N_u, 2), (N_u, 1); the collocation points' columns (N_f + N_u, 1)
 };
@@ -74,7 +77,7 @@ constexpr int64_t kGridX = 256, kGridT = 100;
 double grid_x(int64_t i) { return -1.0 + 2.0 * static_cast<double>(i) / (kGridX - 1); }
 double grid_t(int64_t j) { return 0.01 * static_cast<double>(j); }
 
-Data make_data(const Config& c, std::mt19937_64& gen) {
+Data make_data(const Config& c, const Device& device, std::mt19937_64& gen) {
   std::vector<std::array<double, 3>> candidates;  // x, t, u
   for (int64_t i = 0; i < kGridX; ++i)
     candidates.push_back({grid_x(i), 0.0, -std::sin(std::numbers::pi * grid_x(i))});
@@ -94,9 +97,11 @@ Data make_data(const Config& c, std::mt19937_64& gen) {
   for (const auto& p : burgers::latin_hypercube(c.n_f, {{-1.0, 1.0}, {0.0, 1.0}}, gen))
     x_f.push_back(p[0]), t_f.push_back(p[1]);
   const int64_t n_f = static_cast<int64_t>(x_f.size());
-  return {from_vector(xt_u, {c.n_u, 2}, c.dtype), from_vector(u, {c.n_u, 1}, c.dtype),
-          from_vector(x_f, {n_f, 1}, c.dtype).requires_grad_(),
-          from_vector(t_f, {n_f, 1}, c.dtype).requires_grad_()};
+  const auto on_device = [&](const std::vector<double>& v, Shape shape) {
+    return from_vector(v, std::move(shape), c.dtype).to(device);
+  };
+  return {on_device(xt_u, {c.n_u, 2}), on_device(u, {c.n_u, 1}),
+          on_device(x_f, {n_f, 1}).requires_grad_(), on_device(t_f, {n_f, 1}).requires_grad_()};
 }
 
 // The PDE's residual f = u_t + u u_x - nu u_xx at the collocation points, recorded (create_graph)
@@ -121,7 +126,7 @@ struct Evaluation {
   double rel_l2_error;
 };
 
-Evaluation evaluate(const Net& net, DType dtype) {
+Evaluation evaluate(const Net& net, DType dtype, const Device& device) {
   NoGradGuard no_grad;
   const burgers::Quadrature q = burgers::gauss_hermite(200);
   std::vector<double> points, exact;
@@ -130,9 +135,10 @@ Evaluation evaluate(const Net& net, DType dtype) {
       points.insert(points.end(), {grid_x(i), grid_t(j)});
       exact.push_back(burgers::exact(grid_t(j), grid_x(i), q));
     }
-  Evaluation e{
-      net.forward(from_vector(points, {kGridX * kGridT, 2}, dtype)).reshape({kGridX, kGridT}),
-      from_vector(exact, {kGridX, kGridT}, kFloat64), 0.0};
+  Evaluation e{net.forward(from_vector(points, {kGridX * kGridT, 2}, dtype).to(device))
+                   .reshape({kGridX, kGridT})
+                   .cpu(),
+               from_vector(exact, {kGridX, kGridT}, kFloat64), 0.0};
   const Tensor diff = e.predicted.to(kFloat64) - e.exact;
   e.rel_l2_error =
       std::sqrt((diff * diff).sum().item<double>() / (e.exact * e.exact).sum().item<double>());
@@ -183,22 +189,25 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "float64"}));
   app.add_option("--seed", c.seed, "random seed (data and initial weights)");
   program::add_threads_option(app, c.threads);
+  program::add_device_option(app, c.device);
   app.add_option("--out", out, "output directory");
   return program::run("pinn", app, argc, argv, [&] {
     program::prepare_out_dir(out,
                              {"metrics.json", "model.safetensors", "solution.svg", "loss.svg"});
     set_num_threads(c.threads);
     c.dtype = dtype == "float64" ? kFloat64 : kFloat32;
+    const Device device = program::device_of(c.device);
     manual_seed(c.seed);
     std::mt19937_64 gen(c.seed);
-    const Data data = make_data(c, gen);
-    Net net(c.layers, c.width);
+    const Data data = make_data(c, device, gen);
+    Net net(c.layers, c.width);  // initialised on the host: the same weights on any device
     net.to(c.dtype);
+    net.to(device);
     const std::vector<Tensor> params = net.parameters();
     int64_t n_params = 0;
     for (const Tensor& p : params) n_params += p.numel();
-    fmt::print("Burgers PINN: {} Linear layers of width {}, {} parameters; N_u {}, N_f {}\n",
-               c.layers, c.width, n_params, c.n_u, c.n_f);
+    fmt::print("Burgers PINN: {} Linear layers of width {}, {} parameters; N_u {}, N_f {}; on {}\n",
+               c.layers, c.width, n_params, c.n_u, c.n_f, device.str());
 
     std::vector<double> adam_loss, lbfgs_loss;
     const auto start = std::chrono::steady_clock::now();
@@ -253,7 +262,7 @@ int main(int argc, char** argv) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    const Evaluation e = evaluate(net, c.dtype);
+    const Evaluation e = evaluate(net, c.dtype, device);
     nn::save(net, out + "/model.safetensors");
     draw_solution(e, out + "/solution.svg");
     std::vector<double> adam_at, lbfgs_at, adam_log, lbfgs_log;
@@ -277,7 +286,9 @@ int main(int argc, char** argv) {
           {"lbfgs_curvature_eps", c.lbfgs_curvature_eps},
           {"dtype", dtype},
           {"seed", c.seed},
-          {"threads", get_num_threads()}}},
+          {"threads", get_num_threads()},
+          {"device", device.str()},
+          {"gpu", program::device_model(device)}}},
         {"rel_l2_error", e.rel_l2_error},
         {"train_seconds", seconds},
         {"adam_iters", c.adam_iters},

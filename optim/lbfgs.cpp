@@ -1,8 +1,8 @@
 // LBFGS: torch.optim.LBFGS's step (the two-loop recursion, the stopping tests) and its strong
 // Wolfe line search with cubic interpolation, in the same order of operations as torch's
-// lbfgs.py. Vectors are 1-D tensors over every parameter's elements in the parameters' dtype T,
-// read and written through raw loops; no vector is changed in place once made, so the state may
-// share them (see Note [LBFGS state]).
+// lbfgs.py. Vectors are 1-D tensors over every parameter's elements in the parameters' dtype T
+// and on their device, computed with ops; no vector is changed in place once stored, so the
+// state may share them (see Note [LBFGS state]).
 #include "optim/lbfgs.h"
 
 #include <algorithm>
@@ -12,6 +12,8 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "ops/elementwise.h"
+#include "ops/index.h"
 
 namespace ember::optim {
 
@@ -24,55 +26,21 @@ namespace ember::optim {
 
 namespace {
 
+// The vector arithmetic is ops, as torch's lbfgs.py is tensor arithmetic, so the vectors live
+// on the parameters' device and L-BFGS runs wherever they are; a scalar comes back to the host
+// (a synchronisation on a GPU) only where the algorithm branches on it, as torch's .item()s.
+
+// a · b, in T (torch's a.dot(b)).
 template <class T>
 T dot(const Tensor& a, const Tensor& b) {
-  const T* x = a.data<T>();
-  const T* y = b.data<T>();
-  T out = 0;
-  for (int64_t j = 0; j < a.numel(); ++j) out += x[j] * y[j];
-  return out;
+  return matmul(a, b).template item<T>();
 }
 
-// max_j |scale · v_j| (torch's v.mul(scale).abs().max()).
+// max_j |scale · v_j| (torch's v.mul(scale).abs().max()); 0 for an empty vector.
 template <class T>
 T max_abs(const Tensor& v, T scale = T(1)) {
-  const T* x = v.data<T>();
-  T out = 0;
-  for (int64_t j = 0; j < v.numel(); ++j) out = std::max(out, std::abs(x[j] * scale));
-  return out;
-}
-
-// out_j = a · x_j + b · y_j in a new tensor (y may be undefined when b is 0).
-template <class T>
-Tensor combine(T a, const Tensor& x, T b, const Tensor& y) {
-  Tensor out = empty({x.numel()}, x.dtype());
-  T* o = out.data<T>();
-  const T* px = x.data<T>();
-  const T* py = y.defined() ? y.data<T>() : nullptr;
-  for (int64_t j = 0; j < x.numel(); ++j) o[j] = py ? a * px[j] + b * py[j] : a * px[j];
-  return out;
-}
-
-// v += alpha · w, in place on a vector this step made (torch's v.add_(w, alpha=alpha)).
-template <class T>
-void axpy(Tensor& v, T alpha, const Tensor& w) {
-  T* x = v.data<T>();
-  const T* y = w.data<T>();
-  for (int64_t j = 0; j < v.numel(); ++j) x[j] += alpha * y[j];
-}
-
-// Runs f(p, n) on the contiguous data of parameter `param` (through a copy when it is a
-// non-contiguous view), then bumps its version: an in-place write (Note [Version counter]).
-template <class T, class F>
-void write_param(const Tensor& param, F f) {
-  const Tensor p = param.is_contiguous() ? param : param.detach().contiguous();
-  f(p.data<T>(), p.numel());
-  if (!p.same(param)) {
-    NoGradGuard no_grad;
-    Tensor(param).copy_(p);
-  } else {
-    param.impl()->storage->bump_version();
-  }
+  if (v.numel() == 0) return T(0);
+  return (scale == T(1) ? abs(v) : abs(v * double(scale))).max().template item<T>();
 }
 
 // torch's _cubic_interpolate: the minimiser of the cubic through (x1, f1) and (x2, f2) with
@@ -266,6 +234,10 @@ LBFGS::LBFGS(std::vector<ParamGroup<LBFGSOptions>> groups)
     EMBER_CHECK(p.dtype() == dtype_,
                 "LBFGS: parameter {} is {} and parameter 0 {}: the parameters must share one dtype",
                 i, p.dtype(), dtype_);
+    EMBER_CHECK(p.device() == params_[0].device(),
+                "LBFGS: parameter {} is on {} and parameter 0 on {}: the parameters must share "
+                "one device",
+                i, p.device(), params_[0].device());
     numel_ += p.numel();
   }
 }
@@ -287,34 +259,28 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
   return dispatch_float(dtype_, "LBFGS", [&]<class T>() { return run<T>(closure); });
 }
 
-// Every parameter's gradient (zeros where it has none), flattened into one vector.
+// Every parameter's gradient (zeros where it has none), flattened into one vector on the
+// parameters' device (torch's _gather_flat_grad).
 Tensor LBFGS::flat_grad() const {
-  Tensor out = zeros({numel_}, dtype_);
-  dispatch_float(dtype_, "LBFGS", [&]<class T>() {
-    T* o = out.data<T>();
-    for (const Tensor& p : params_) {
-      const Tensor g = p.grad();
-      if (g.defined()) {
-        const Tensor c = g.dtype() == dtype_ ? g.contiguous() : g.to(dtype_).contiguous();
-        std::copy_n(c.data<T>(), c.numel(), o);
-      }
-      o += p.numel();
-    }
-  });
-  return out;
+  NoGradGuard no_grad;
+  std::vector<Tensor> views;
+  for (const Tensor& p : params_) {
+    const Tensor g = p.grad();
+    views.push_back(g.defined() ? g.to(dtype_).reshape({p.numel()})
+                                : zeros({p.numel()}, dtype_, p.device()));
+  }
+  return cat(views, 0);
 }
 
+// params += step_size · direction, each parameter its slice of the flat vector (torch's
+// _add_grad): an in-place write under no_grad, so it bumps the version (Note [Version counter]).
 void LBFGS::add_to_params(double step_size, const Tensor& direction) {
-  dispatch_float(dtype_, "LBFGS", [&]<class T>() {
-    const T* u = direction.data<T>();
-    const T alpha = T(step_size);
-    for (const Tensor& param : params_) {
-      write_param<T>(param, [&](T* p, int64_t n) {
-        for (int64_t j = 0; j < n; ++j) p[j] += alpha * u[j];
-      });
-      u += param.numel();
-    }
-  });
+  NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const Tensor& param : params_) {
+    Tensor(param).add_(direction.narrow(0, offset, param.numel()).view(param.shape()), step_size);
+    offset += param.numel();
+  }
 }
 
 template <class T>
@@ -339,13 +305,13 @@ Tensor LBFGS::run(const std::function<Tensor()>& closure) {
     ++s.n_iter;
     // the direction d
     if (s.n_iter == 1) {
-      s.d = combine<T>(T(-1), g, T(0), {});
+      s.d = -g;
       s.old_dirs.clear(), s.old_stps.clear(), s.ro.clear();
       s.h_diag = 1;
     } else {
       // the curvature pair of the last step, kept when y·s > curvature_eps (torch: 1e-10)
-      Tensor y = combine<T>(T(1), g, T(-1), s.prev_flat_grad);
-      Tensor step = combine<T>(T(s.t), s.d, T(0), {});
+      Tensor y = g - s.prev_flat_grad;
+      Tensor step = s.d * s.t;
       const T ys = dot<T>(y, step);
       if (ys > T(o.curvature_eps)) {
         if (int64_t(s.old_dirs.size()) == o.history_size) {
@@ -361,15 +327,15 @@ Tensor LBFGS::run(const std::function<Tensor()>& closure) {
       // two-loop recursion: d = -H g with H the L-BFGS inverse Hessian, H0 = h_diag I
       const size_t num_old = s.old_dirs.size();
       std::vector<T> al(num_old);
-      Tensor q = combine<T>(T(-1), g, T(0), {});
+      Tensor q = -g;
       for (size_t i = num_old; i-- > 0;) {
         al[i] = dot<T>(s.old_stps[i], q) * T(s.ro[i]);
-        axpy<T>(q, -al[i], s.old_dirs[i]);
+        q.add_(s.old_dirs[i], double(-al[i]));
       }
-      Tensor r = combine<T>(T(s.h_diag), q, T(0), {});
+      Tensor r = q * s.h_diag;
       for (size_t i = 0; i < num_old; ++i) {
         const T be_i = dot<T>(s.old_dirs[i], r) * T(s.ro[i]);
-        axpy<T>(r, al[i] - be_i, s.old_stps[i]);
+        r.add_(s.old_stps[i], double(al[i] - be_i));
       }
       s.d = std::move(r);
     }
@@ -379,8 +345,7 @@ Tensor LBFGS::run(const std::function<Tensor()>& closure) {
     // the step length: min(1, 1/|g|_1) lr on the very first iteration (in T, as torch's tensor
     // arithmetic there), lr after
     if (s.n_iter == 1) {
-      T abs_sum = 0;
-      for (int64_t j = 0; j < numel_; ++j) abs_sum += std::abs(g.data<T>()[j]);
+      const T abs_sum = abs(g).sum().template item<T>();
       const T inv = T(1) / abs_sum;
       s.t = inv < T(1) ? double(inv * T(lr)) : lr;
     } else {
@@ -485,22 +450,23 @@ LBFGS::State LBFGS::read(const StateDict& state) const {
   }
   if (s.n_iter > 0 || in.contains("state.0.d")) {  // an iteration ran
     const Shape vec{numel_};
+    const Device device = params_[0].device();  // the vectors live with the parameters
     const auto scalar = [&](const std::string& name) {
       const Tensor t = in.tensor(name, {}, dtype_);
       return t.defined() ? t.item<double>() : 0.0;
     };
-    s.d = in.tensor("state.0.d", vec, dtype_);
+    s.d = in.tensor("state.0.d", vec, dtype_, device);
     s.t = in.number("state.0.t");
     for (size_t k = 0; in.contains(fmt::format("state.0.old_dirs.{}", k)); ++k) {
-      s.old_dirs.push_back(in.tensor(fmt::format("state.0.old_dirs.{}", k), vec, dtype_));
-      s.old_stps.push_back(in.tensor(fmt::format("state.0.old_stps.{}", k), vec, dtype_));
+      s.old_dirs.push_back(in.tensor(fmt::format("state.0.old_dirs.{}", k), vec, dtype_, device));
+      s.old_stps.push_back(in.tensor(fmt::format("state.0.old_stps.{}", k), vec, dtype_, device));
       s.ro.push_back(scalar(fmt::format("state.0.ro.{}", k)));
     }
     if (int64_t(s.old_dirs.size()) > o.history_size)
       in.fail(fmt::format("its history holds {} pairs, more than history_size {}",
                           s.old_dirs.size(), o.history_size));
     s.h_diag = scalar("state.0.H_diag");
-    s.prev_flat_grad = in.tensor("state.0.prev_flat_grad", vec, dtype_);
+    s.prev_flat_grad = in.tensor("state.0.prev_flat_grad", vec, dtype_, device);
     s.prev_loss = in.number("state.0.prev_loss");
     if (s.n_iter < 1)
       in.fail(fmt::format("'state.0.n_iter' is {} but the iteration state is there", s.n_iter));

@@ -430,6 +430,70 @@ BOOST_AUTO_TEST_CASE(optimizers_on_the_device) {
   }
 }
 
+// L-BFGS (with and without the strong Wolfe line search) on device parameters, one of them a
+// transposed view: the CPU's iterates, counters and state; its state dict loads onto the CPU and
+// back; parameters on two devices are an Error.
+BOOST_AUTO_TEST_CASE(lbfgs_on_the_device) {
+  if (skip_without_gpu()) return;
+  for (const bool wolfe : {false, true}) {
+    BOOST_TEST_CONTEXT((wolfe ? "strong_wolfe" : "fixed step")) {
+      optim::LBFGSOptions o{.lr = wolfe ? 1.0 : 0.2, .max_iter = 6, .history_size = 3};
+      if (wolfe) o.line_search_fn = "strong_wolfe";
+      const Tensor w0 = randn({4, 3}, kFloat64), b0 = randn({4}, kFloat64);
+      const Tensor x = randn({6, 3}, kFloat64), y = randn({6, 4}, kFloat64);
+      // w is used through its transpose, so its storage is (3, 4) and the parameter a view
+      const auto make = [&](const Device& d) {
+        return std::vector<Tensor>{
+            w0.transpose(0, 1).contiguous().to(d).transpose(0, 1).requires_grad_(),
+            b0.clone().to(d).requires_grad_()};
+      };
+      std::vector<Tensor> host = make(kCPU), device = make(Device("cuda"));
+      BOOST_TEST(!device[0].is_contiguous());
+      optim::LBFGS opt_host(host, o), opt_device(device, o);
+      const auto closure = [](optim::LBFGS& opt, const std::vector<Tensor>& p, const Tensor& in,
+                              const Tensor& target) {
+        return [&opt, p, in, target] {
+          opt.zero_grad();
+          const Tensor r = matmul(in, p[0].transpose(0, 1)) + p[1] - target;
+          Tensor loss = (tanh(r) * r).mean();
+          loss.backward();
+          return loss;
+        };
+      };
+      for (int call = 0; call < 3; ++call) {
+        const Tensor lh = opt_host.step(closure(opt_host, host, x, y));
+        const Tensor ld = opt_device.step(closure(opt_device, device, x.cuda(), y.cuda()));
+        BOOST_TEST(ld.is_cuda());
+        expect_close(ld.cpu(), lh, 1e-10, 1e-12, fmt::format("loss of call {}", call));
+        BOOST_TEST(opt_device.func_evals() == opt_host.func_evals());
+        BOOST_TEST(opt_device.n_iter() == opt_host.n_iter());
+        for (size_t i = 0; i < host.size(); ++i)
+          expect_close(device[i].cpu(), host[i], 1e-10, 1e-12, fmt::format("parameter {}", i));
+      }
+      // the state: vectors on the device, the CPU's values; it loads onto either device
+      const optim::StateDict sh = opt_host.state_dict(), sd = opt_device.state_dict();
+      BOOST_TEST_REQUIRE(sh.size() == sd.size());
+      for (size_t k = 0; k < sh.size(); ++k) {
+        BOOST_TEST(sd[k].first == sh[k].first);
+        const bool vector = sd[k].first.starts_with("state.0.") && sd[k].second.dim() == 1;
+        BOOST_TEST(sd[k].second.is_cuda() == vector, sd[k].first);
+        expect_close(sd[k].second.cpu(), sh[k].second, 1e-9, 1e-12, sd[k].first);
+      }
+      optim::LBFGS back_on_cpu(make(kCPU), o), again_on_device(make(Device("cuda")), o);
+      back_on_cpu.load_state_dict(sd);
+      again_on_device.load_state_dict(sh);
+      for (const auto& [name, t] : again_on_device.state_dict())
+        if (name == "state.0.d") BOOST_TEST(t.is_cuda());
+    }
+  }
+  expect_error(
+      [] {
+        optim::LBFGS(
+            {zeros({2}).requires_grad_(), zeros({2}, kFloat32, Device("cuda")).requires_grad_()});
+      },
+      {"LBFGS:", "parameter 1 is on cuda:0", "parameter 0 on cpu", "one device"});
+}
+
 // The copy task (examples/copy_task.h) trained for 20 steps on a device and on the CPU from the
 // same initial weights and seeds (dropout's masks included): the same losses to Float32
 // tolerance, the check that a training script moves to a GPU by moving its model and

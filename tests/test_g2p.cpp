@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -202,6 +203,45 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
   BOOST_TEST(run_g2p(fmt::format("--out '{}' --resume '{}'", a, b), dir) == 2);
   BOOST_TEST(read_text(dir / "stderr").find("not the resumed run's directory") !=
              std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// --device cuda on the emulated device (Note [Host emulation of a GPU]): the CPU run's losses, and
+// a run stopped on the CPU goes on on the device (its checkpoint loads onto the model's device).
+BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
+  if (!std::filesystem::exists(g2p::kDefaultDict)) {
+    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
+    return;
+  }
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("ember_g2p_device_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string config =
+      "--limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 --d-ff 64 --heads 2 "
+      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
+  const std::string cpu = (dir / "cpu").string(), gpu = (dir / "gpu").string(),
+                    moved = (dir / "moved").string();
+  const auto expect_ok = [&](const std::string& args) {
+    const int status = run_g2p(args, dir);
+    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
+  };
+  expect_ok(fmt::format("{} --out '{}'", config, cpu));
+  expect_ok(fmt::format("{} --out '{}' --max-steps 9", config, moved));
+  ::setenv("EMBER_CUDA_EMULATE", "1", 1);  // the children's device
+  expect_ok(fmt::format("{} --device cuda --out '{}'", config, gpu));
+  expect_ok(fmt::format("--resume '{}' --threads 1 --device cuda", moved));
+  ::unsetenv("EMBER_CUDA_EMULATE");
+  const auto m_cpu = nlohmann::json::parse(read_text(dir / "cpu/metrics.json"));
+  for (const std::string run : {"gpu", "moved"}) {
+    const auto m = nlohmann::json::parse(read_text(dir / run / "metrics.json"));
+    BOOST_TEST(m.at("config").at("device") == "cuda:0", run);
+    const auto want = m_cpu.at("train_loss").get<std::vector<double>>();
+    const auto got = m.at("train_loss").get<std::vector<double>>();
+    BOOST_TEST_REQUIRE(got.size() == want.size(), run);
+    for (size_t i = 0; i < got.size(); ++i)
+      BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-6));
+    BOOST_TEST(m.at("dev_wer") == m_cpu.at("dev_wer"), run);
+  }
   std::filesystem::remove_all(dir);
 }
 #endif

@@ -156,8 +156,8 @@ BOOST_AUTO_TEST_CASE(bad_numbers_and_sizes) {
 }
 
 // --device: a bad name and a missing GPU are one line each; on the emulated device (Note [Host
-// emulation of a GPU]) transformer_copy and nw_regression make the CPU run's numbers, their
-// metrics naming the device.
+// emulation of a GPU]) transformer_copy, nw_regression, pinn and mlp_regression make the CPU
+// run's numbers, their metrics naming the device.
 BOOST_AUTO_TEST_CASE(examples_on_a_device) {
   Scratch s;
   const std::string t = "transformer_copy";
@@ -191,6 +191,34 @@ BOOST_AUTO_TEST_CASE(examples_on_a_device) {
   BOOST_TEST(nw_gpu["device"] == "cuda:0");
   BOOST_TEST(nw_gpu["w_learned"].get<double>() == nw_cpu["w_learned"].get<double>(),
              boost::test_tools::tolerance(1e-4));
+  // pinn in Float64: Adam, then L-BFGS with the line search, through second derivatives on the
+  // device; the CPU's losses, evaluation count and error
+  const std::string pinn_args =
+      "--layers 4 --width 10 --n-f 200 --adam-iters 20 --lbfgs-iters 30 --dtype float64 ";
+  BOOST_TEST_REQUIRE(run(s, "pinn", pinn_args + "--out '" + s / "pinn_cpu" + "'").status == 0);
+  BOOST_TEST_REQUIRE(run(s, "pinn", pinn_args + "--device cuda --out '" + s / "pinn_gpu" + "'",
+                         "EMBER_CUDA_EMULATE=1")
+                         .status == 0);
+  const auto pinn_cpu = nlohmann::json::parse(read_text(s / "pinn_cpu" + "/metrics.json"));
+  const auto pinn_gpu = nlohmann::json::parse(read_text(s / "pinn_gpu" + "/metrics.json"));
+  BOOST_TEST(pinn_gpu["config"]["device"] == "cuda:0");
+  BOOST_TEST(pinn_gpu["lbfgs_evaluations"] == pinn_cpu["lbfgs_evaluations"]);
+  for (const char* key : {"final_loss", "rel_l2_error"})
+    BOOST_TEST(pinn_gpu[key].get<double>() == pinn_cpu[key].get<double>(),
+               boost::test_tools::tolerance(1e-8));
+  // mlp_regression: the same printed losses, the model saved from the device and reloaded
+  const Run mlp_cpu = run(s, "mlp_regression", "--out '" + s / "mlp_cpu" + "'");
+  const Run mlp_gpu = run(s, "mlp_regression", "--device cuda --out '" + s / "mlp_gpu" + "'",
+                          "EMBER_CUDA_EMULATE=1");
+  BOOST_TEST_REQUIRE(mlp_gpu.status == 0, mlp_gpu.err);
+  const auto losses = [](const std::string& text) {
+    std::string out;
+    for (size_t at = text.find("loss "); at != std::string::npos; at = text.find("loss ", at + 1))
+      out += text.substr(at, text.find('\n', at) - at) + "; ";
+    return out;
+  };
+  BOOST_TEST(!losses(mlp_cpu.out).empty());
+  BOOST_TEST(losses(mlp_gpu.out) == losses(mlp_cpu.out));
 }
 
 // Each trainer at --lr 1e300, after a good run into the same directory: exit 1 with one line, and
