@@ -65,7 +65,7 @@ int dropout_mask_on_host(const DropoutMask& m, void*) {
 
 int optim_on_host(const OptimStep& s, void*) {
   if (s.type != ScalarType::Float32 && s.type != ScalarType::Float64) return kUnsupported;
-  for (int64_t j = 0; j < s.n; ++j) optim_element(s, j);
+  optim_elements(s, 0, 1);
   return 0;
 }
 

@@ -41,7 +41,7 @@ struct Table {
   int (*index)(const IndexAlong& args, void* stream);
   // dropout's keep mask (cuda/random.h).
   int (*dropout_mask)(const DropoutMask& args, void* stream);
-  // One optimizer update of one parameter (cuda/optim.h).
+  // One optimizer update of up to kMaxOptimTensors parameters (cuda/optim.h).
   int (*optim)(const OptimStep& args, void* stream);
 };
 

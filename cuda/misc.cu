@@ -1,5 +1,5 @@
-// The GPU's dropout masks (cuda/random.h) and optimizer updates (cuda/optim.h): an element per
-// thread over a grid-stride loop.
+// The GPU's dropout masks (cuda/random.h) and optimizer updates (cuda/optim.h, several tensors a
+// launch): an element per thread over a grid-stride loop.
 #include <cuda_runtime.h>
 
 #include "cuda/launch.h"
@@ -14,9 +14,7 @@ __global__ void dropout_mask_kernel(const DropoutMask m) {
   for (int64_t i = first_index(); i < m.n; i += grid_stride()) dropout_mask_element(m, i);
 }
 
-__global__ void optim_kernel(const OptimStep s) {
-  for (int64_t j = first_index(); j < s.n; j += grid_stride()) optim_element(s, j);
-}
+__global__ void optim_kernel(const OptimStep s) { optim_elements(s, first_index(), grid_stride()); }
 
 }  // namespace
 
@@ -28,8 +26,8 @@ int dropout_mask_on_device(const DropoutMask& m, void* stream) {
 
 int optim_on_device(const OptimStep& s, void* stream) {
   if (s.type != ScalarType::Float32 && s.type != ScalarType::Float64) return kUnsupported;
-  if (s.n <= 0) return 0;
-  optim_kernel<<<blocks_for(s.n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(s);
+  if (s.numel() <= 0) return 0;
+  optim_kernel<<<blocks_for(s.numel()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(s);
   return static_cast<int>(cudaGetLastError());
 }
 

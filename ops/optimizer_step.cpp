@@ -1,7 +1,9 @@
-// The optimizers' fused updates (ops/optimizer_step.h): the CPU's loops, a device's kernel.
+// The optimizers' fused updates (ops/optimizer_step.h): the CPU's loops, a device's
+// multi-tensor kernel.
 #include "ops/optimizer_step.h"
 
 #include <cmath>
+#include <vector>
 
 #include "graph/autograd.h"
 #include "graph/device_backend.h"
@@ -32,35 +34,59 @@ struct InPlace {
   Tensor p, g;
 };
 
-// On a device: cuda/optim.h's kernel over p, g and the state (m, v: on p's device, contiguous,
-// of its shape, or undefined).
-void launch_on_device(const InPlace& w, cuda::kernels::OptimStep step, const Tensor& m,
-                      const Tensor& v) {
-  for (const Tensor* state : {&m, &v})
-    EMBER_CHECK(!state->defined() || state->device() == w.p.device(),
-                "step: optimizer state on {} for a parameter on {}", state->device(), w.p.device());
-  step.type = scalar_type_of(w.p.dtype());
-  step.n = w.p.numel();
-  step.p = w.p.data_bytes();
-  step.g = w.g.data_bytes();
-  step.m = m.defined() ? m.data_bytes() : nullptr;
-  step.v = v.defined() ? v.data_bytes() : nullptr;
-  cuda::detail::launch_optim(step, w.p.device(), "step");
+// The device parameters of a step, in launches of up to kMaxOptimTensors of one device and
+// dtype (cuda/optim.h): `step` holds the update and its hyperparameters, m and v the state
+// (parallel to params; undefined where unused). CPU parameters are left to the caller.
+void launch_on_devices(std::span<const Tensor> params, std::span<const Tensor> m,
+                       std::span<const Tensor> v, const cuda::kernels::OptimStep& step) {
+  std::vector<InPlace> work;  // alive until every launch is queued, then written back
+  work.reserve(params.size());
+  cuda::kernels::OptimStep k;
+  Device device = kCPU;
+  const auto flush = [&] {
+    if (k.count > 0) cuda::detail::launch_optim(k, device, "step");
+    k = step;
+  };
+  k = step;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].device().is_cpu()) continue;
+    const InPlace& w = work.emplace_back(params[i]);
+    for (const Tensor* state : {&m[i], &v[i]})
+      EMBER_CHECK(!state->defined() || state->device() == w.p.device(),
+                  "step: optimizer state on {} for a parameter on {}", state->device(),
+                  w.p.device());
+    if (k.count > 0 && (w.p.device() != device || scalar_type_of(w.p.dtype()) != k.type)) flush();
+    if (k.count == cuda::kernels::kMaxOptimTensors) flush();
+    device = w.p.device();
+    k.type = scalar_type_of(w.p.dtype());
+    k.add(w.p.data_bytes(), w.g.data_bytes(), m[i].defined() ? m[i].data_bytes() : nullptr,
+          v[i].defined() ? v[i].data_bytes() : nullptr, w.p.numel());
+  }
+  flush();
+  for (const InPlace& w : work) w.finish();
+}
+
+// f.template operator()<T>(w, i) on each CPU parameter i (T its dtype's type), then the write.
+template <class F>
+void on_cpu(std::span<const Tensor> params, F f) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].device().is_cpu()) continue;
+    const InPlace w(params[i]);
+    dispatch_float(w.p.dtype(), "step", [&]<class T>() { f.template operator()<T>(w, i); });
+    w.finish();
+  }
 }
 
 }  // namespace
 
-void sgd_step_(const Tensor& param, const Tensor& momentum_buffer, const SgdStep& s) {
-  const InPlace w(param);
-  if (!param.device().is_cpu()) {
-    cuda::kernels::OptimStep k;
-    k.kind = s.momentum == 0 ? cuda::kernels::Update::Sgd : cuda::kernels::Update::SgdMomentum;
-    k.lr = s.lr, k.weight_decay = s.weight_decay, k.mu = s.momentum;
-    k.keep = s.keep, k.first = s.first, k.nesterov = s.nesterov;
-    launch_on_device(w, k, momentum_buffer, {});
-    return w.finish();
-  }
-  dispatch_float(w.p.dtype(), "step", [&]<class T>() {
+void sgd_step_(std::span<const Tensor> params, std::span<const Tensor> momentum_buffers,
+               const SgdStep& s) {
+  cuda::kernels::OptimStep k;
+  k.kind = s.momentum == 0 ? cuda::kernels::Update::Sgd : cuda::kernels::Update::SgdMomentum;
+  k.lr = s.lr, k.weight_decay = s.weight_decay, k.mu = s.momentum;
+  k.keep = s.keep, k.first = s.first, k.nesterov = s.nesterov;
+  launch_on_devices(params, momentum_buffers, momentum_buffers, k);
+  on_cpu(params, [&]<class T>(const InPlace& w, size_t i) {
     T* p = w.p.data<T>();
     const T* g = w.g.data<T>();
     const int64_t n = w.p.numel();
@@ -72,7 +98,7 @@ void sgd_step_(const Tensor& param, const Tensor& momentum_buffer, const SgdStep
       });
       return;
     }
-    T* b = momentum_buffer.data<T>();
+    T* b = momentum_buffers[i].data<T>();
     const bool first = s.first, nesterov = s.nesterov;
     parallel_for(n, [=](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
@@ -82,26 +108,21 @@ void sgd_step_(const Tensor& param, const Tensor& momentum_buffer, const SgdStep
       }
     });
   });
-  w.finish();
 }
 
-void adam_step_(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamStep& s) {
-  const InPlace w(param);
-  if (!param.device().is_cpu()) {
-    cuda::kernels::OptimStep k;
-    k.kind = cuda::kernels::Update::Adam;
-    k.l2 = s.l2, k.decay = s.decay, k.beta1 = s.beta1, k.beta2 = s.beta2, k.eps = s.eps;
-    k.step_size = s.step_size, k.c2 = s.c2;
-    launch_on_device(w, k, exp_avg, exp_avg_sq);
-    return w.finish();
-  }
-  dispatch_float(w.p.dtype(), "step", [&]<class T>() {
+void adam_step_(std::span<const Tensor> params, std::span<const Tensor> exp_avgs,
+                std::span<const Tensor> exp_avg_sqs, const AdamStep& s) {
+  cuda::kernels::OptimStep k;
+  k.kind = cuda::kernels::Update::Adam;
+  k.l2 = s.l2, k.decay = s.decay, k.beta1 = s.beta1, k.beta2 = s.beta2, k.eps = s.eps;
+  k.step_size = s.step_size, k.c2 = s.c2;
+  launch_on_devices(params, exp_avgs, exp_avg_sqs, k);
+  on_cpu(params, [&]<class T>(const InPlace& w, size_t i) {
     T* p = w.p.data<T>();
     const T* g = w.g.data<T>();
     const int64_t n = w.p.numel();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
+    T* m = exp_avgs[i].data<T>();
+    T* v = exp_avg_sqs[i].data<T>();
     const T l2 = T(s.l2), decay = T(s.decay), b1 = T(s.beta1), b2 = T(s.beta2), eps = T(s.eps);
     const T size = T(s.step_size), c2 = T(s.c2);
     // Scalars by value: GCC 12 vectorises no loop reading a by-reference capture.
@@ -115,7 +136,6 @@ void adam_step_(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_av
       }
     });
   });
-  w.finish();
 }
 
 }  // namespace ember

@@ -4,6 +4,7 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
+#include <map>
 #include <unordered_set>
 
 #include "graph/autograd.h"
@@ -219,19 +220,26 @@ void SGD::step() {
   for (size_t group = 0; group < num_param_groups(); ++group) {
     const SGDOptions& o = options_[group];
     const double group_lr = lr_[group];
+    // the parameters with gradients, by whether this is their momentum buffer's first step: one
+    // update of each kind (several parameters a launch on a device)
+    std::vector<Tensor> params[2], buffers[2];
     for (size_t i = group_begin(group); i < group_end(group); ++i) {
       const Tensor& param = params_[i];
       if (!param.grad().defined()) continue;
       const bool first = !momentum_buffers_[i].defined();
       if (o.momentum != 0 && first) momentum_buffers_[i] = zeros_like(param);
-      sgd_step_(param, momentum_buffers_[i],
-                {.lr = group_lr,
-                 .weight_decay = o.weight_decay,
-                 .momentum = o.momentum,
-                 .keep = 1 - o.dampening,
-                 .first = first,
-                 .nesterov = o.nesterov});
+      params[first].push_back(param);
+      buffers[first].push_back(momentum_buffers_[i]);
     }
+    for (const bool first : {false, true})
+      if (!params[first].empty())
+        sgd_step_(params[first], buffers[first],
+                  {.lr = group_lr,
+                   .weight_decay = o.weight_decay,
+                   .momentum = o.momentum,
+                   .keep = 1 - o.dampening,
+                   .first = first,
+                   .nesterov = o.nesterov});
   }
 }
 
@@ -322,6 +330,13 @@ void Adam::step() {
   for (size_t group = 0; group < num_param_groups(); ++group) {
     const AdamOptions& o = options_[group];
     const double lr = lr_[group];
+    // the parameters with gradients, by their step count (the same for all of them unless some
+    // had no gradient at some step): one update per count, several parameters a launch on a
+    // device
+    struct Same {
+      std::vector<Tensor> params, exp_avg, exp_avg_sq;
+    };
+    std::map<int64_t, Same> by_step;
     for (size_t i = group_begin(group); i < group_end(group); ++i) {
       const Tensor& param = params_[i];
       if (!param.grad().defined()) continue;
@@ -329,10 +344,15 @@ void Adam::step() {
         exp_avg_[i] = zeros_like(param);
         exp_avg_sq_[i] = zeros_like(param);
       }
-      const int64_t t = ++steps_[i];
+      Same& same = by_step[++steps_[i]];
+      same.params.push_back(param);
+      same.exp_avg.push_back(exp_avg_[i]);
+      same.exp_avg_sq.push_back(exp_avg_sq_[i]);
+    }
+    for (const auto& [t, same] : by_step) {
       const double step_size = lr / (1 - std::pow(o.beta1, static_cast<double>(t)));
       const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t)));
-      adam_step_(param, exp_avg_[i], exp_avg_sq_[i],
+      adam_step_(same.params, same.exp_avg, same.exp_avg_sq,
                  {.l2 = o.decoupled_weight_decay ? 0 : o.weight_decay,
                   .decay = o.decoupled_weight_decay ? 1 - lr * o.weight_decay : 1,
                   .beta1 = o.beta1,

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cuda/optim.h"
 #include "cuda/random.h"
 #include "examples/copy_task.h"
 #include "graph/caching_allocator.h"
@@ -425,6 +426,62 @@ BOOST_AUTO_TEST_CASE(optimizers_on_the_device) {
           BOOST_TEST(device[i].is_cuda());
           expect_close(device[i].cpu(), host[i], tol, tol, fmt::format("parameter {}", i));
         }
+      }
+    }
+  }
+}
+
+// Many parameters in one step (more than one launch of cuda/optim.h's kMaxOptimTensors): Float32
+// and Float64 among them (one launch per dtype), a transposed view, empty ones, and some without a
+// gradient at some steps (so their step counts differ, and Adam updates them apart). Adam, AdamW
+// and SGD with momentum give the CPU's values.
+BOOST_AUTO_TEST_CASE(optimizers_on_many_parameters) {
+  if (skip_without_gpu()) return;
+  constexpr int kParams = 2 * cuda::kernels::kMaxOptimTensors + 7;
+  std::vector<Tensor> init;
+  for (int i = 0; i < kParams; ++i) {
+    const DType dtype = i % 3 == 0 ? kFloat64 : kFloat32;
+    init.push_back(i % 11 == 5 ? empty({0, 3}, dtype) : randn({1 + i % 4, 2 + i % 5}, dtype));
+  }
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+  const std::vector<std::pair<std::string, Make>> makers = {
+      {"adam", [](auto p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{0.01}); }},
+      {"adamw",
+       [](auto p) {
+         optim::AdamOptions o{0.01};
+         o.weight_decay = 0.1, o.decoupled_weight_decay = true;
+         return std::make_unique<optim::Adam>(p, o);
+       }},
+      {"sgd momentum", [](auto p) {
+         return std::make_unique<optim::SGD>(p, optim::SGDOptions{0.05, 0.9, 0, 0.01, true});
+       }}};
+  for (const auto& [name, make] : makers) {
+    BOOST_TEST_CONTEXT(name) {
+      std::vector<Tensor> host, device;
+      for (size_t i = 0; i < init.size(); ++i) {
+        // parameter 1 a transposed view of its storage on the device
+        host.push_back(init[i].clone().requires_grad_());
+        device.push_back(i == 1 ? init[i].transpose(0, 1).contiguous().cuda().transpose(0, 1)
+                                : init[i].cuda());
+        device.back().requires_grad_();
+      }
+      BOOST_TEST(!device[1].is_contiguous());
+      const auto opt_host = make(host), opt_device = make(device);
+      for (int step = 0; step < 4; ++step) {
+        opt_host->zero_grad();
+        opt_device->zero_grad();
+        for (size_t i = 0; i < init.size(); ++i) {
+          if ((i + step) % 5 == 0) continue;  // no gradient this step
+          const Tensor up = randn(init[i].shape(), init[i].dtype());
+          sum(sin(host[i]) * up).backward();
+          sum(sin(device[i]) * up.cuda()).backward();
+        }
+        opt_host->step();
+        opt_device->step();
+      }
+      for (size_t i = 0; i < host.size(); ++i) {
+        const double tol = host[i].dtype() == kFloat64 ? 1e-12 : 1e-5;
+        expect_close(device[i].cpu(), host[i], tol, tol, fmt::format("parameter {}", i));
       }
     }
   }
