@@ -1,8 +1,9 @@
 // Index kernels of the CUDA backend, written once as host-and-device code as cuda/elementwise.h:
 // for every position p of an Int64 index tensor, q is p with its coordinate along `dim` replaced
 // by index[p]; gather reads out[p] = x[q], scatter_add adds target[q] += src[p] (atomically on a
-// GPU, where positions run at once: repeated indices add in no fixed order, as torch's). The
-// indices are in range: the ops check them first.
+// GPU, where positions run at once: repeated indices add in no fixed order, as torch's). An
+// index outside [0, bound) is skipped, and reported when the launch has a check (Note [Checks on
+// the device] in graph/device_backend.h).
 #pragma once
 
 #include "cuda/elementwise.h"
@@ -10,6 +11,24 @@
 namespace ember::cuda::kernels {
 
 enum class IndexOp : int32_t { Gather, ScatterAdd };
+
+// Where a kernel reports the first bad value it met: check is the host's id of the message (0:
+// nothing reported), value the bad value. In memory the host reads after it waits for the
+// device (mapped host memory on a GPU).
+struct DeviceCheck {
+  int32_t check = 0;
+  int32_t unused = 0;
+  int64_t value = 0;
+};
+
+// Records (check, value) in *slot unless something was recorded there first.
+EMBER_HD inline void report(DeviceCheck* slot, int32_t check, int64_t value) {
+#if defined(__CUDA_ARCH__)
+  if (atomicCAS(&slot->check, 0, check) == 0) slot->value = value;
+#else
+  if (slot->check == 0) slot->check = check, slot->value = value;
+#endif
+}
 
 struct IndexAlong {
   IndexOp op = IndexOp::Gather;
@@ -24,6 +43,9 @@ struct IndexAlong {
   int64_t dense_strides[kMaxDims] = {};
   void* indexed = nullptr;  // x (gather) or target (scatter_add): at q
   int64_t indexed_strides[kMaxDims] = {};
+  int64_t bound = 0;            // indices are in [0, bound): indexed's size along dim
+  DeviceCheck* slot = nullptr;  // where an index out of range is reported (null: none)
+  int32_t check = 0;            // with this id
 };
 
 namespace detail {
@@ -52,7 +74,12 @@ EMBER_HD void index_element(const IndexAlong& a, int64_t i) {
     at_dense += c * a.dense_strides[d];
     if (d != a.dim) at_indexed += c * a.indexed_strides[d];
   }
-  at_indexed += a.index[at_index] * a.indexed_strides[a.dim];
+  const int64_t k = a.index[at_index];
+  if (k < 0 || k >= a.bound) {  // never used; reported when the launch checks
+    if (a.slot != nullptr) report(a.slot, a.check, k);
+    return;
+  }
+  at_indexed += k * a.indexed_strides[a.dim];
   if (a.op == IndexOp::Gather)
     static_cast<T*>(a.dense)[at_dense] = static_cast<const T*>(a.indexed)[at_indexed];
   else

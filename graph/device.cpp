@@ -6,6 +6,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #ifdef EMBER_WITH_CUDA
@@ -161,17 +164,61 @@ struct DeviceMemory {
 // A device's stream (every kernel and copy of Ember's on that device is queued on it, so they
 // run in the order they were issued: Note [Caching allocator]) and its caching allocator.
 struct DeviceState {
-  explicit DeviceState(int index) : allocator(DeviceMemory{index}) {
+  explicit DeviceState(int index) : index(index), allocator(DeviceMemory{index}) {
+    host_slot = device_slot = &emulated_slot;
 #ifdef EMBER_WITH_CUDA
     if (detail::emulated()) return;
     DeviceGuard guard(index);
     cudaStream_t s = nullptr;
     check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     stream = s;
+    // the check slot in mapped host memory: kernels write it, the host reads it after a wait
+    void* host = nullptr;
+    check_cuda(cudaHostAlloc(&host, sizeof(kernels::DeviceCheck), cudaHostAllocMapped),
+               "cudaHostAlloc");
+    host_slot = new (host) kernels::DeviceCheck();
+    void* device = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer");
+    device_slot = static_cast<kernels::DeviceCheck*>(device);
 #endif
   }
+
+  // After the host waited for this device: throws what a kernel reported into the check slot,
+  // clearing it (Note [Checks on the device]).
+  void report_checks() {
+    const kernels::DeviceCheck found = *host_slot;
+    if (found.check == 0) return;
+    *host_slot = {};
+    std::string message;
+    {
+      std::lock_guard lock(checks_mutex);
+      message = messages.at(static_cast<size_t>(found.check - 1));
+    }
+    throw Error(
+        fmt::format("{} (found on cuda:{} by a kernel, reported at the host's next wait "
+                    "for the device)",
+                    fmt::format(fmt::runtime(message), found.value), index));
+  }
+
+  int32_t register_check(const std::string& message) {
+    std::lock_guard lock(checks_mutex);
+    const auto [at, added] = check_ids.try_emplace(message, int32_t(messages.size()) + 1);
+    if (added) messages.push_back(message);
+    return at->second;
+  }
+
+  int index;
   CachingAllocator<DeviceMemory> allocator;
   void* stream = nullptr;  // cudaStream_t; none on the emulated device
+  std::atomic<int64_t> kernels{0}, products{0}, host_waits{0};  // cuda::launch_stats
+  // Note [Checks on the device]: the slot as the host and as kernels see it, and the messages
+  // its ids stand for (id k: messages[k - 1])
+  kernels::DeviceCheck emulated_slot;
+  kernels::DeviceCheck* host_slot = nullptr;
+  kernels::DeviceCheck* device_slot = nullptr;
+  std::mutex checks_mutex;
+  std::unordered_map<std::string, int32_t> check_ids;
+  std::vector<std::string> messages;
 };
 
 // The devices' states, each made at its first use. Never destroyed: Storages of static tensors
@@ -227,8 +274,12 @@ void launch(int (*kernels::Table::*entry)(const Args&, void*), const Args& args,
 #ifdef EMBER_WITH_CUDA
   DeviceGuard guard(device.index());
 #endif
-  check_launch((table().*entry)(args, state(device.index()).stream), what, op);
+  DeviceState& s = state(device.index());
+  check_launch((table().*entry)(args, s.stream), what, op);
+  s.kernels.fetch_add(1, std::memory_order_relaxed);
 }
+
+std::atomic<std::vector<kernels::Gemm>*> g_captured_products{nullptr};
 
 }  // namespace
 
@@ -250,16 +301,25 @@ std::string get_device_name(int device) {
 
 void synchronize() {
   EMBER_CHECK(is_available(), "cuda::synchronize: no CUDA device: {}", unavailable_reason());
-  if (detail::emulated()) return;  // every emulated kernel ran when it was launched
+  for (int d = 0; d < device_count(); ++d) state(d).host_waits.fetch_add(1);
 #ifdef EMBER_WITH_CUDA
-  int current = 0;
-  check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-  for (int d = 0; d < device_count(); ++d) {
-    check_cuda(cudaSetDevice(d), "cudaSetDevice");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (!detail::emulated()) {  // every emulated kernel ran when it was launched
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+    for (int d = 0; d < device_count(); ++d) {
+      check_cuda(cudaSetDevice(d), "cudaSetDevice");
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
+    check_cuda(cudaSetDevice(current), "cudaSetDevice");
   }
-  check_cuda(cudaSetDevice(current), "cudaSetDevice");
 #endif
+  for (int d = 0; d < device_count(); ++d) state(d).report_checks();
+}
+
+LaunchStats launch_stats(int device) {
+  check_device(Device(DeviceType::CUDA, device), "cuda::launch_stats");
+  const DeviceState& s = state(device);
+  return {s.kernels.load(), s.products.load(), s.host_waits.load()};
 }
 
 MemoryStats memory_stats(int device) {
@@ -300,8 +360,15 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
               "cuda::copy_bytes: neither {} nor {} is a CUDA device", dst_device, src_device);
   check_device(dst_device.is_cuda() ? dst_device : src_device, "cuda: copy");
   if (nbytes == 0) return;
+  // To the host or another device the host waits for the source's stream, and so hears of its
+  // checks (Note [Checks on the device])
+  DeviceState* waited = dst_device.is_cpu() || (src_device.is_cuda() && src_device != dst_device)
+                            ? &state(src_device.index())
+                            : nullptr;
+  if (waited != nullptr) waited->host_waits.fetch_add(1);
   if (emulated()) {
     std::memcpy(dst, src, nbytes);
+    if (waited != nullptr) waited->report_checks();
     return;
   }
 #ifdef EMBER_WITH_CUDA
@@ -314,6 +381,7 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
     const auto stream = static_cast<cudaStream_t>(state(to).stream);
     check_cuda(cudaMemcpyPeerAsync(dst, to, src, from, nbytes, stream), "cudaMemcpyPeerAsync");
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    waited->report_checks();
     return;
   }
   const int index = dst_device.is_cuda() ? dst_device.index() : src_device.index();
@@ -323,6 +391,7 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   // host memory the stream is waited for, so that the bytes are there on return.
   check_cuda(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
   if (dst_device.is_cpu()) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (waited != nullptr) waited->report_checks();
 #endif
 }
 
@@ -332,8 +401,9 @@ void fill_bytes(void* data, int64_t n, size_t element_size, uint64_t pattern,
 #ifdef EMBER_WITH_CUDA
   DeviceGuard guard(device.index());
 #endif
-  check_launch(table().fill(data, n, element_size, pattern, state(device.index()).stream), "fill",
-               "fill");
+  DeviceState& s = state(device.index());
+  check_launch(table().fill(data, n, element_size, pattern, s.stream), "fill", "fill");
+  s.kernels.fetch_add(1, std::memory_order_relaxed);
 }
 
 void launch_elementwise(const kernels::Elementwise& args, const Device& device,
@@ -343,7 +413,18 @@ void launch_elementwise(const kernels::Elementwise& args, const Device& device,
 
 void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op) {
   launch(&kernels::Table::gemm, args, device, "gemm", op);
+  state(device.index()).products.fetch_add(1, std::memory_order_relaxed);
+  if (std::vector<kernels::Gemm>* into = g_captured_products.load()) [[unlikely]]
+    into->push_back(args);
 }
+
+void capture_products(std::vector<kernels::Gemm>* into) { g_captured_products.store(into); }
+
+int32_t register_check(const Device& device, const std::string& message) {
+  return state(device.index()).register_check(message);
+}
+
+kernels::DeviceCheck* check_slot(const Device& device) { return state(device.index()).device_slot; }
 
 void launch_index(const kernels::IndexAlong& args, const Device& device, std::string_view op) {
   launch(&kernels::Table::index, args, device, "index", op);

@@ -77,6 +77,17 @@ struct MemoryStats {
 MemoryStats memory_stats(int device = 0);
 void empty_cache();
 
+// What the host asked of one device since the start (Ember's own books, no torch equivalent):
+// kernels queued (products and fills included), of them cuBLAS products, and the times the host
+// waited for the device's stream (a copy to host memory or to another device, synchronize()).
+// A training step that asks for no value should wait none; an Error without that device.
+struct LaunchStats {
+  int64_t kernels = 0;
+  int64_t products = 0;
+  int64_t host_waits = 0;
+};
+LaunchStats launch_stats(int device = 0);
+
 // Why no device can be used, for error messages: "Ember was built without CUDA", or the
 // driver's answer ("no CUDA-capable device is detected"); empty when a device is usable.
 std::string unavailable_reason();

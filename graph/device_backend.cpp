@@ -146,7 +146,8 @@ void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
 }
 
 void index_on_device(cuda::kernels::IndexOp op, const Tensor& dense, const Tensor& indexed,
-                     int64_t dim, const Tensor& index, std::string_view name) {
+                     int64_t dim, const Tensor& index, std::string_view name,
+                     const std::string& check) {
   EMBER_CHECK(dense.device() == indexed.device() && index.device() == indexed.device() &&
                   dense.dtype() == indexed.dtype() && index.dtype() == kInt64 &&
                   dense.dim() == index.dim() && indexed.dim() == index.dim(),
@@ -167,6 +168,11 @@ void index_on_device(cuda::kernels::IndexOp op, const Tensor& dense, const Tenso
     a.indexed_strides[d] = indexed.stride(d);
   }
   if (a.numel == 0) return;
+  a.bound = indexed.size(dim);
+  if (!check.empty()) {
+    a.slot = cuda::detail::check_slot(indexed.device());
+    a.check = cuda::detail::register_check(indexed.device(), check);
+  }
   cuda::detail::launch_index(a, indexed.device(), name);
 }
 

@@ -14,10 +14,23 @@
 // cannot show is what only a GPU has: launch configurations, the device's math library, streams
 // running ahead of the host. So a CUDA path counts as done once it has also run on a GPU
 // (tools/gpu-check.sh). It takes the place of any real GPU; it is for tests, never for use.
+//
+// Note [Checks on the device]
+// An op whose arguments are only valid for some values in a device's memory (indices in range)
+// cannot check them on the host without copying them there and so waiting for the device: a
+// wait inside every training step (an embedding's tokens, a loss's targets). Instead the kernel
+// that reads them checks them: a bad one is skipped (its output left unwritten) and the first of
+// them is reported into the device's check slot, with the id of a message the op registered
+// (register_check: the op's name and its arguments' shapes, "{}" for the bad value). The host
+// reads the slot whenever it next waits for the device (a copy to the host, synchronize()) and
+// throws the message there, marked as found on the device: as torch's device-side asserts, the
+// Error comes at the next synchronisation, not at the op, but it names the op and the value, and
+// the device stays usable. On the emulated device the same (the check waits for a wait too).
+// CPU tensors are checked on the host before the op runs, as always.
 #pragma once
 
+#include <string>
 #include <string_view>
-
 #include <vector>
 
 #include "cuda/elementwise.h"
@@ -49,8 +62,16 @@ void launch_dropout_mask(const kernels::DropoutMask& args, const Device& device,
 void launch_optim(const kernels::OptimStep& args, const Device& device, std::string_view op);
 // Queues one row kernel (cuda/rows.h) likewise.
 void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op);
+// The id of `message` (a format with one "{}" for the bad value) among `device`'s checks, and the
+// slot its kernels report into (Note [Checks on the device]).
+int32_t register_check(const Device& device, const std::string& message);
+kernels::DeviceCheck* check_slot(const Device& device);
+
 // Queues one batch of products (cuda/gemm.h) likewise.
 void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op);
+// While `into` is set (not null), every launch_gemm of any thread also appends its arguments
+// there: bench/ replays a training step's products alone, to weigh them against the whole step.
+void capture_products(std::vector<kernels::Gemm>* into);
 
 }  // namespace ember::cuda::detail
 
@@ -82,11 +103,14 @@ void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
                     std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
                     std::string_view name, bool reverse = false, double p0 = 0);
 
-// For every position p of `index` (Int64, its values in range along dim, the caller checked),
-// with q = p at coordinate index[p] along dim: gather writes dense[p] = indexed[q], scatter_add
-// adds indexed[q] += dense[p]. All on one device, of one dtype (index's aside), with as many dims.
+// For every position p of `index` (Int64), with q = p at coordinate index[p] along dim: gather
+// writes dense[p] = indexed[q], scatter_add adds indexed[q] += dense[p]. All on one device, of one
+// dtype (index's aside), with as many dims. An index outside [0, indexed.size(dim)) is skipped;
+// with a `check` message (a format with one "{}" for the index) it is reported at the host's next
+// wait for the device (Note [Checks on the device]); without one the caller checked the indices.
 void index_on_device(cuda::kernels::IndexOp op, const Tensor& dense, const Tensor& indexed,
-                     int64_t dim, const Tensor& index, std::string_view name);
+                     int64_t dim, const Tensor& index, std::string_view name,
+                     const std::string& check = {});
 
 // t (with a size-1 dim `dim`, keepdim layout) seen with `shape` (t's with dim of the row's
 // length) and stride 0 along dim: the one-value-per-row operand of rows_on_device.

@@ -370,7 +370,27 @@ Tensor LabelSmoothing::forward(const Tensor& x, const Tensor& target) {
   // true_dist (N, size): smoothing / (size - 2) everywhere, confidence at the target, 0 in the
   // padding column and in rows whose target is padding.
   const int64_t N = x.size(0);
-  true_dist = full({N, size}, smoothing / static_cast<double>(size - 2), x.dtype());
+  const double base = smoothing / static_cast<double>(size - 2);
+  if (!x.device().is_cpu()) {
+    // On a device, in ops (no wait for the targets): confidence scattered at the targets (which
+    // that op checks, Note [Checks on the device]), then the padding column and the rows whose
+    // target is padding zeroed
+    {
+      NoGradGuard no_grad;
+      const Tensor t = target.reshape({N, 1});
+      true_dist =
+          scatter_add(full({N, size}, base, x.dtype(), x.device()), 1, t,
+                      full({N, 1}, confidence - base, x.dtype(), x.device()),
+                      fmt::format("LabelSmoothing: target {{}} out of range for {} classes", size));
+      const Tensor classes = arange(0, static_cast<double>(size), 1, kInt64, x.device());
+      true_dist = masked_fill(true_dist,
+                              logical_or(eq(classes, static_cast<double>(padding_idx)),
+                                         eq(t, static_cast<double>(padding_idx))),
+                              0.0);
+    }
+    return kl_div(x, true_dist, Reduction::Sum);
+  }
+  true_dist = full({N, size}, base, x.dtype());
   const std::vector<int64_t> t = target.to_vector<int64_t>();
   dispatch_float(x.dtype(), "LabelSmoothing", [&]<class T>() {
     T* d = true_dist.data<T>();
@@ -384,7 +404,6 @@ Tensor LabelSmoothing::forward(const Tensor& x, const Tensor& target) {
         for (int64_t c = 0; c < size; ++c) row[c] = T(0);
     }
   });
-  if (!x.device().is_cpu()) true_dist = true_dist.to(x.device());  // built on the host
   return kl_div(x, true_dist, Reduction::Sum);
 }
 

@@ -363,18 +363,22 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const int64_t d = wrap_dim(dim, x.dim(), op);
   check_same_device(x, index, op);
   const Tensor idx = index.contiguous();
-  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
-  const int64_t* pi = on_host.data<int64_t>();
   const int64_t size = x.size(d);
-  for (int64_t k = 0; k < idx.numel(); ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
-                "{}: index {} out of range for dim {} of size {} (shape {})", op, pi[k], d, size,
-                x.shape());
+  // an index out of range, "{}" for it; on a device the kernel checks the indices (Note [Checks
+  // on the device])
+  const auto range = [&] {
+    return fmt::format("{}: index {{}} out of range for dim {} of size {} (shape {})", op, d, size,
+                       x.shape());
+  };
+  const int64_t* pi = idx.device().is_cpu() ? idx.data<int64_t>() : nullptr;
+  for (int64_t k = 0; pi != nullptr && k < idx.numel(); ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size, "{}", fmt::format(fmt::runtime(range()), pi[k]));
   Shape out_shape = x.shape();
   out_shape[d] = idx.numel();
   Tensor out = empty(out_shape, x.dtype(), x.device());
   if (!x.device().is_cpu())
-    index_on_device(cuda::kernels::IndexOp::Gather, out, x, d, along_dim(idx, out_shape, d), op);
+    index_on_device(cuda::kernels::IndexOp::Gather, out, x, d, along_dim(idx, out_shape, d), op,
+                    range());
   else if (out.numel() > 0)
     dispatch_all(x.dtype(), [&]<class T>() { gather_kernel<T>(x, d, pi, out); });
   return record<IndexSelectBackward>(op, out, {x}, d, idx);
@@ -430,13 +434,16 @@ void scatter_add_lines(const Tensor& target, int64_t dim, const Tensor& index, c
 // src), no larger than x outside dim (nor than src anywhere), its values in [0, x.size(dim)).
 // Sizes are not checked for an empty index, as torch. Returns dim wrapped and the index made
 // contiguous, both seen with at least one dim.
+// On a device the values are left to the kernel, which reports them with `range` (Note [Checks
+// on the device]); `message` replaces the op's own words for an index out of range.
 struct IndexGeometry {
   int64_t dim;
   Tensor index;
+  std::string range;  // on a device: an index out of range, "{}" for its value
 };
 
 IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, const Tensor* src,
-                          std::string_view op) {
+                          std::string_view op, const std::string& message = {}) {
   check_defined(x, op);
   check_defined(index, op);
   if (src != nullptr) check_defined(*src, op);
@@ -469,13 +476,18 @@ IndexGeometry check_index(const Tensor& x, int64_t dim, const Tensor& index, con
     }
   }
   const int64_t size = x1.size(d);
-  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
-  const int64_t* pi = on_host.data<int64_t>();
+  const auto range = [&] {
+    return !message.empty() ? message
+                            : fmt::format(
+                                  "{}: index {{}} is out of bounds for dim {} of size {} "
+                                  "(input of shape {})",
+                                  op, d, size, x.shape());
+  };
+  if (!idx.device().is_cpu()) return {d, idx, range()};  // the kernel checks
+  const int64_t* pi = idx.data<int64_t>();
   for (int64_t k = 0; k < idx.numel(); ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < size,
-                "{}: index {} is out of bounds for dim {} of size {} (input of shape {})", op,
-                pi[k], d, size, x.shape());
-  return {d, idx};
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < size, "{}", fmt::format(fmt::runtime(range()), pi[k]));
+  return {d, idx, {}};
 }
 
 // out = gather(x, dim, index):  dX = zeros with dOut added at the gathered positions, i.e.
@@ -540,13 +552,17 @@ struct ScatterAddBackward final : Node {
 }  // namespace
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  return gather(x, dim, index, std::string());
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, const std::string& range) {
   constexpr std::string_view op = "gather";
   profile::Scope scope(op);
-  const IndexGeometry geo = check_index(x, dim, index, nullptr, op);
+  const IndexGeometry geo = check_index(x, dim, index, nullptr, op, range);
   Tensor out = empty(index.shape(), x.dtype(), x.device());
   if (!x.device().is_cpu())
     index_on_device(cuda::kernels::IndexOp::Gather, at_least_1d(out), at_least_1d(x), geo.dim,
-                    geo.index, op);
+                    geo.index, op, geo.range);
   else if (out.numel() > 0)
     dispatch_all(x.dtype(), [&]<class T>() {
       gather_lines<T>(at_least_1d(out), at_least_1d(x), geo.dim, geo.index);
@@ -555,15 +571,20 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_add(x, dim, index, src, std::string());
+}
+
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                   const std::string& range) {
   constexpr std::string_view op = "scatter_add";
   profile::Scope scope(op);
-  const IndexGeometry geo = check_index(x, dim, index, &src, op);
+  const IndexGeometry geo = check_index(x, dim, index, &src, op, range);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   copy_into(out, x);
   if (!x.device().is_cpu()) {
     index_on_device(cuda::kernels::IndexOp::ScatterAdd,
                     leading_view(at_least_1d(src), geo.index.shape()), at_least_1d(out), geo.dim,
-                    geo.index, op);
+                    geo.index, op, geo.range);
   } else if (geo.index.numel() > 0) {
     // Bools add as a logical or (true + true stays true), as torch's.
     dispatch_all(x.dtype(), [&]<class T>() {

@@ -3,6 +3,8 @@
 // multinomial, which draws indices.
 #pragma once
 
+#include <string>
+
 #include "graph/tensor.h"
 
 namespace ember {
@@ -18,5 +20,12 @@ struct TopkResult {
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// gather and scatter_add whose index out of range is told with `range` (a format with one "{}"
+// for the index) instead of the op's own words, for ops built on them (a loss's targets); on a
+// device, at the host's next wait for it (Note [Checks on the device]). "" keeps the op's words.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, const std::string& range);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                   const std::string& range);
 
 }  // namespace ember

@@ -227,7 +227,11 @@ struct ClassRows {
   int64_t N, C, D, sn, sc, sd;
   Tensor target;     // contiguous, N D values
   Shape loss_shape;  // the target's shape: what reduction None returns
-  double count;      // targets that are not ignored
+  double count;      // targets that are not ignored (on the CPU)
+  // on a device: count as a 0-d tensor there (computed there, no wait for it), and the words
+  // for a target out of range, "{}" for it (Note [Checks on the device])
+  Tensor device_count;
+  std::string range;
 
   int64_t rows() const { return N * D; }
   int64_t start(int64_t r) const { return r / D * sn + r % D * sd; }
@@ -263,9 +267,16 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
                  nd > 2 ? x.stride(2) : 0,
                  target.contiguous(),
                  expected,
-                 0};
-  const Tensor on_host = rows.target.device().is_cpu() ? rows.target : rows.target.cpu();
-  const int64_t* t = on_host.data<int64_t>();
+                 0,
+                 {},
+                 {}};
+  if (!target.device().is_cpu()) {  // the kernel that picks the targets' scores checks them
+    rows.device_count = sum(ne(rows.target, static_cast<double>(ignore_index))).to(x.dtype());
+    rows.range = fmt::format("{}: target {{}} out of range for {} classes (input of shape {})", op,
+                             rows.C, scores.shape());
+    return rows;
+  }
+  const int64_t* t = rows.target.data<int64_t>();
   for (int64_t r = 0; r < rows.rows(); ++r) {
     EMBER_CHECK(t[r] == ignore_index || (t[r] >= 0 && t[r] < rows.C),
                 "{}: target {} out of range for {} classes (input of shape {})", op, t[r], rows.C,
@@ -283,10 +294,11 @@ Tensor class_loss_in_ops(const ClassRows& g, const Tensor& log_p, Reduction redu
   const Tensor lp = reshape(log_p, {g.N, g.C, g.D});
   const Tensor t = reshape(g.target, {g.N, 1, g.D});
   const Tensor ignored = eq(t, static_cast<double>(ignore_index));
-  Tensor loss = neg(gather(lp, 1, masked_fill(t, ignored, 0.0)));
+  Tensor loss = neg(gather(lp, 1, masked_fill(t, ignored, 0.0), g.range));
   if (eps > 0)
     loss = add(mul(loss, 1 - eps), mul(neg(sum(lp, {1}, true)), eps / static_cast<double>(g.C)));
   loss = reshape(masked_fill(loss, ignored, 0.0), g.loss_shape);
+  if (reduction == Reduction::Mean) return div(sum(loss), g.device_count);
   return reduce_in_ops(loss, reduction, g.count);
 }
 

@@ -914,11 +914,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
     if (*padding_idx < 0) *padding_idx += rows;
   }
   check_same_device(weight, indices, op);
-  const Tensor on_host = idx.device().is_cpu() ? idx : idx.cpu();  // a device's: one sync
-  const int64_t* pi = on_host.data<int64_t>();
-  for (int64_t k = 0; k < count; ++k)
-    EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "{}: index {} out of range for {} rows", op, pi[k],
-                rows);
+  // an index out of range, "{}" for it; on a device the kernel checks the indices (Note [Checks
+  // on the device])
+  const auto range = [&] {
+    return fmt::format("{}: index {{}} out of range for {} rows", op, rows);
+  };
+  const int64_t* pi = idx.device().is_cpu() ? idx.data<int64_t>() : nullptr;
+  for (int64_t k = 0; pi != nullptr && k < count; ++k)
+    EMBER_CHECK(pi[k] >= 0 && pi[k] < rows, "{}", fmt::format(fmt::runtime(range()), pi[k]));
 
   Shape shape = indices.shape();
   shape.push_back(dim);
@@ -926,7 +929,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
   if (!weight.device().is_cpu()) {
     // A device: out[k, :] = weight[indices[k], :] by gather
     index_on_device(cuda::kernels::IndexOp::Gather, make_view(out, {count, dim}, {dim, 1}, 0),
-                    weight, 0, make_view(idx, {count, dim}, {1, 0}, idx.storage_offset()), op);
+                    weight, 0, make_view(idx, {count, dim}, {1, 0}, idx.storage_offset()), op,
+                    range());
     return record<EmbeddingBackward>(op, out, {weight}, idx, padding_idx.value_or(-1));
   }
   dispatch_float(weight.dtype(), op, [&]<class T>() {

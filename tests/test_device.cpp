@@ -596,6 +596,97 @@ BOOST_AUTO_TEST_CASE(copy_task_training_matches_the_cpu) {
   for (const Tensor& p : device_model->parameters()) BOOST_TEST(p.is_cuda());
 }
 
+// A training step of the copy task's model on the device, in steady state (issue 35's speed
+// section): no block asked of the driver, the same kernels and products every step, and no wait
+// of the host for the device (no value asked for: the loss stays on the device).
+BOOST_AUTO_TEST_CASE(a_training_step_in_steady_state) {
+  if (skip_without_gpu()) return;
+  const int64_t V = 11;
+  manual_seed(5);
+  const auto model = nn::make_model(V, V, 2, 32, 64, 4, 0.1);
+  model->to(kCUDA);
+  nn::LabelSmoothing criterion(V, 0, 0.1);
+  optim::Adam opt(model->parameters(), {.lr = 1e-3, .beta2 = 0.98, .eps = 1e-9});
+  const nn::Batch b = copy_task::data_gen(V, 8, 1)[0].to(kCUDA);
+  const double ntokens = static_cast<double>(b.ntokens);
+  const auto step = [&] {
+    const Tensor logits =
+        model->generator->forward(model->forward(b.src, b.tgt, b.src_mask, b.tgt_mask));
+    const Tensor loss =
+        criterion(logits.contiguous().view({-1, V}), b.tgt_y.contiguous().view({-1})) / ntokens;
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  };
+  for (int i = 0; i < 3; ++i) step();  // the allocator's cache and Adam's state filled
+  const cuda::MemoryStats memory = cuda::memory_stats();
+  std::vector<cuda::LaunchStats> stats = {cuda::launch_stats()};
+  for (int i = 0; i < 3; ++i) {
+    step();
+    stats.push_back(cuda::launch_stats());
+  }
+  BOOST_TEST(cuda::memory_stats().driver_allocs == memory.driver_allocs);
+  for (size_t i = 1; i < stats.size(); ++i) {
+    BOOST_TEST_MESSAGE("step: " << stats[i].kernels - stats[i - 1].kernels << " kernels, "
+                                << stats[i].products - stats[i - 1].products << " products, "
+                                << stats[i].host_waits - stats[i - 1].host_waits << " host waits");
+    BOOST_TEST(stats[i].kernels - stats[i - 1].kernels == stats[1].kernels - stats[0].kernels);
+    BOOST_TEST(stats[i].products - stats[i - 1].products > 0);
+    BOOST_TEST(stats[i].host_waits - stats[i - 1].host_waits == 0);
+  }
+  // a value asked for is a wait; synchronize() is one
+  const int64_t before = cuda::launch_stats().host_waits;
+  (void)b.src.sum().item<int64_t>();
+  cuda::synchronize();
+  BOOST_TEST(cuda::launch_stats().host_waits == before + 2);
+}
+
+// Indices out of range on a device (Note [Checks on the device]): the op queues its kernel
+// without waiting to look at them, and the host's next wait for the device (here a copy to the
+// host, or synchronize) throws an Error naming the op and the index; then the device is usable.
+BOOST_AUTO_TEST_CASE(bad_indices_are_reported_at_the_next_wait) {
+  if (skip_without_gpu()) return;
+  const Tensor x = randn({4, 3}).cuda(), w = randn({5, 2}).cuda();
+  const Tensor bad = from_vector(std::vector<int64_t>{1, 7, 0}, {3}, kCUDA);
+  const Tensor bad_2d = from_vector(std::vector<int64_t>{0, 1, 2, -2, 0, 1}, {2, 3}, kCUDA);
+  nn::LabelSmoothing smoothing(3, 0, 0.1);
+  const std::vector<std::pair<std::function<Tensor()>, std::string>> cases = {
+      {[&] { return index_select(x, 0, bad); },
+       "index_select: index 7 out of range for dim 0 of size 4"},
+      {[&] { return gather(x, 1, bad_2d); }, "gather: index -2 is out of bounds for dim 1"},
+      {[&] {
+         return scatter_add(x, 1, bad_2d, ones({2, 3}).cuda());
+       },
+       "scatter_add: index -2 is out of bounds"},
+      {[&] { return embedding(w, bad); }, "embedding: index 7 out of range for 5 rows"},
+      {[&] {
+         return cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 3, 2}, {4}, kCUDA));
+       },
+       "cross_entropy: target 3 out of range for 3 classes"},
+      {[&] {
+         return nll_loss(x, from_vector(std::vector<int64_t>{0, -5, 1, 2}, {4}, kCUDA));
+       },
+       "nll_loss: target -5 out of range"},
+      {[&] {
+         return smoothing(log_softmax(x, 1),
+                          from_vector(std::vector<int64_t>{0, 1, 9, 2}, {4}, kCUDA));
+       },
+       "LabelSmoothing: target 9 out of range for 3 classes"}};
+  for (const auto& [f, words] : cases) {
+    const int64_t waits = cuda::launch_stats().host_waits;
+    const Tensor out = f();  // queued: no wait, no Error yet
+    BOOST_TEST(cuda::launch_stats().host_waits == waits, words);
+    expect_error([&] { (void)out.cpu(); }, {words, "found on cuda:0"});
+    (void)out.cpu();  // reported once: the device goes on
+    (void)f();
+    expect_error([] { cuda::synchronize(); }, {words, "found on cuda:0"});
+    cuda::synchronize();
+  }
+  // good indices: nothing reported
+  (void)index_select(x, 0, from_vector(std::vector<int64_t>{3, 0}, {2}, kCUDA)).cpu();
+  cuda::synchronize();
+}
+
 BOOST_AUTO_TEST_CASE(caching_allocator_sizes) {
   using A = CachingAllocator<FakeDriver>;
   BOOST_TEST(A::rounded_size(0) == 512u);
