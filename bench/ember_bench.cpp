@@ -3,7 +3,12 @@
 // the two JSON files into one table and bench/run.sh runs both at 1 and 2 threads.
 //
 //   ember_bench [--threads N] [--filter substr]... [--exact name]... [--json out.json] [--time s]
-//               [--matmul-precision highest|medium] [--list] [--smoke]
+//               [--matmul-precision highest|high|medium] [--device cpu|cuda] [--list] [--smoke]
+//
+// --device cuda runs the workloads that can run on a GPU there (the transformer steps and the
+// second-order rows, and the steps' products alone), each timed sample ending in a wait for the
+// device; before the timing it counts what a steady-state step asks of the device (kernels,
+// products, host waits, cudaMalloc calls: bench_torch.py's twin has no such books).
 //
 // Workloads: op level forward+backward (softmax, layer_norm, bmm, linear, causal attention, and
 // elementwise math functions, also forward alone), the per-op overhead of `x + 1` on one element, a
@@ -274,6 +279,7 @@ struct Options {
   std::string json;
   double target = 1.0;
   std::string matmul_precision = "highest";  // set_float32_matmul_precision for every workload
+  std::string device = "cpu";
   bool list = false, smoke = false;
 };
 
@@ -300,6 +306,8 @@ Options parse(int argc, char** argv) {
       o.target = std::atof(value().c_str());
     else if (a == "--matmul-precision")
       o.matmul_precision = value();
+    else if (a == "--device")
+      o.device = value();
     else if (a == "--list")
       o.list = true;
     else if (a == "--smoke")
@@ -308,14 +316,18 @@ Options parse(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: ember_bench [--threads N] [--filter substr]... [--exact name]... "
-          "[--json out.json] [--time seconds] [--matmul-precision P] [--list] [--smoke]\n");
+          "[--json out.json] [--time seconds] [--matmul-precision P] [--device D] [--list] "
+          "[--smoke]\n");
       std::exit(a == "--help" || a == "-h" ? 0 : 2);
     }
   }
   return o;
 }
 
-bool selected(const Options& o, const std::string& name) {
+bool selected(const Options& o, const ember::bench::Workload& w) {
+  const bool device = ember::bench::bench_device().is_cuda();
+  if (device ? !w.on_device : w.device_only) return false;
+  const std::string& name = w.name;
   if (!o.exact.empty()) return std::find(o.exact.begin(), o.exact.end(), name) != o.exact.end();
   if (o.filters.empty()) return true;
   for (const std::string& f : o.filters)
@@ -336,13 +348,20 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   ember::set_num_threads(o.threads);
   ember::set_float32_matmul_precision(o.matmul_precision);
+  try {
+    bench_device() = ember::Device(o.device);
+    if (bench_device().is_cuda()) ember::check_device(bench_device(), "ember_bench --device");
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "ember_bench: %s\n", e.what());
+    return 2;
+  }
   add_op_workloads();
   add_nw_workloads();
   add_grain_workloads();
 
   nlohmann::json results = nlohmann::json::array();
   for (const Workload& w : registry()) {
-    if (!selected(o, w.name)) continue;
+    if (!selected(o, w)) continue;
     if (o.list) {
       std::cout << w.name << '\n';
       continue;
@@ -353,6 +372,37 @@ int main(int argc, char** argv) {
       step();
       std::cout << fmt::format("{:<44} ok\n", w.name);
       continue;
+    }
+    nlohmann::json device_books;
+    if (bench_device().is_cuda()) {
+      // what a step asks of the device once warm: the mean of five steps after three
+      constexpr int kWarm = 3, kCounted = 5;
+      for (int i = 0; i < kWarm; ++i) step();
+      ember::cuda::synchronize();
+      const int index = bench_device().index();
+      const auto memory = ember::cuda::memory_stats(index);
+      const auto launches = ember::cuda::launch_stats(index);
+      for (int i = 0; i < kCounted; ++i) step();
+      ember::cuda::synchronize();
+      const auto memory_after = ember::cuda::memory_stats(index);
+      const auto launches_after = ember::cuda::launch_stats(index);
+      const auto per_step = [&](int64_t before, int64_t after) {
+        return static_cast<double>(after - before) / kCounted;
+      };
+      device_books = {
+          {"kernels_per_step", per_step(launches.kernels, launches_after.kernels)},
+          {"products_per_step", per_step(launches.products, launches_after.products)},
+          // less the one synchronize() that ended the counted steps
+          {"host_waits_per_step", per_step(launches.host_waits + 1, launches_after.host_waits)},
+          {"driver_allocs_in_steady_steps", memory_after.driver_allocs - memory.driver_allocs},
+          {"reserved_bytes", memory_after.reserved_bytes}};
+      std::cout << fmt::format(
+          "{:<44} device per step: {} kernels, {} products, {} host waits; "
+          "{} cudaMalloc in {} steady steps\n",
+          w.name, device_books["kernels_per_step"].get<double>(),
+          device_books["products_per_step"].get<double>(),
+          device_books["host_waits_per_step"].get<double>(),
+          device_books["driver_allocs_in_steady_steps"].get<int64_t>(), kCounted);
     }
     const Timing t = time_steps(step, o.target);
     const int64_t rss = max_rss_kb();
@@ -374,13 +424,18 @@ int main(int argc, char** argv) {
                        {"flops", w.flops},
                        {"bytes", w.bytes},
                        {"max_rss_kb", rss}});
+    if (!device_books.is_null()) results.back()["device"] = device_books;
   }
   if (!o.json.empty() && !o.list && !o.smoke) {
-    const nlohmann::json doc = {{"side", "ember"},
-                                {"threads", o.threads},
-                                {"matmul_precision", o.matmul_precision},
-                                {"bfloat16_products", ember::float32_matmul_uses_bfloat16()},
-                                {"results", results}};
+    const nlohmann::json doc = {
+        {"side", "ember"},
+        {"threads", o.threads},
+        {"device", bench_device().str()},
+        {"gpu", bench_device().is_cuda() ? ember::cuda::get_device_name(bench_device().index())
+                                         : std::string()},
+        {"matmul_precision", o.matmul_precision},
+        {"bfloat16_products", ember::float32_matmul_uses_bfloat16()},
+        {"results", results}};
     std::ofstream(o.json) << doc.dump(2) << '\n';
   }
   return 0;

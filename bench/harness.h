@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/device.h"
 #include "graph/profile.h"
 
 namespace ember::bench {
@@ -24,7 +25,21 @@ struct Workload {
   double flops = 0;
   std::function<std::function<void()>(bool tiny)> make;
   double bytes = 0;
+  // Runs on bench_device() (--device): a CUDA run runs only these; the others are the CPU's.
+  bool on_device = false;
+  bool device_only = false;  // and only there
 };
+
+// Where the workloads that can run on a device run (ember_bench --device; the CPU by default).
+inline Device& bench_device() {
+  static Device device = kCPU;
+  return device;
+}
+
+// Waits for the device's queued work, so that a step's time is its device time too.
+inline void wait_for_device() {
+  if (bench_device().is_cuda()) cuda::synchronize();
+}
 
 // Every workload, in the order they run; each family's file appends its own.
 std::vector<Workload>& registry();
@@ -61,6 +76,7 @@ inline Timing time_steps(const std::function<void()>& step, double target) {
   do {
     step();
     ++warm;
+    wait_for_device();
   } while (seconds_since(w0) < 0.1 * target && warm < 100000);
   const double estimate = std::max(seconds_since(w0) / static_cast<double>(warm), 1e-9);
 
@@ -76,6 +92,7 @@ inline Timing time_steps(const std::function<void()>& step, double target) {
       step();
       profile::step();  // EMBER_PROFILE=1: the per-step shares of the timed steps
     }
+    wait_for_device();  // one wait a sample: the steps queue ahead as a training loop's do
     per_step.push_back(seconds_since(t0) / static_cast<double>(t.inner));
   }
   t.cpu_s = (process_cpu_seconds() - cpu0) / static_cast<double>(t.samples * t.inner);

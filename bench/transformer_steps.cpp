@@ -4,11 +4,19 @@
 // PyTorch twin is transformer_step in bench/pytorch/bench_torch.py. This file registers its
 // workloads itself when the program starts; bench/CMakeLists.txt builds it only where the
 // copy task's pieces (examples/copy_task.h) exist.
+//
+// With --device cuda the steps run on the GPU (model and batch moved there), and "products
+// alone" replays one step's products (captured as they were launched: the same shapes,
+// transposes and batches) through cuBLAS on scratch buffers: the step's time against its
+// products' alone is issue 35's "at least 80% of the products' throughput".
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "bench/harness.h"
 #include "ember.h"
 #include "examples/copy_task.h"
+#include "graph/device_backend.h"
 
 namespace ember::bench {
 
@@ -38,21 +46,27 @@ struct Trainer {
   std::unique_ptr<copy_task::SimpleLossCompute> loss_compute;
   std::unique_ptr<nn::Batch> batch;
 
+  // The original's step; its loss as loss_compute's (generator, label smoothing, / ntokens)
+  // without reading the value back, which would wait for a device.
   void step() {
     const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
-    const copy_task::LossOutput loss = (*loss_compute)(out, batch->tgt_y, batch->ntokens);
-    loss.loss.backward();
+    const Tensor logits = model->generator->forward(out);
+    const Tensor loss = (*criterion)(logits.contiguous().view({-1, logits.size(-1)}),
+                                     batch->tgt_y.contiguous().view({-1})) /
+                        static_cast<double>(batch->ntokens);
+    loss.backward();
     optimizer->step();
     optimizer->zero_grad();
     scheduler->step();
   }
 };
 
-std::function<void()> make_step(Config c, bool tiny) {
+std::shared_ptr<Trainer> make_trainer(Config c, bool tiny) {
   if (tiny) c = {c.name, 11, 1, 16, 32, 2, 2, 5};
   auto t = std::make_shared<Trainer>();
   t->model = nn::make_model(c.V, c.V, c.N, c.d_model, c.d_ff, c.h, 0.1);
   t->model->train();
+  t->model->to(bench_device());
   t->criterion = std::make_unique<nn::LabelSmoothing>(c.V, 0, 0.1);
   t->optimizer = std::make_unique<optim::Adam>(
       t->model->parameters(),
@@ -64,8 +78,53 @@ std::function<void()> make_step(Config c, bool tiny) {
       std::make_unique<copy_task::SimpleLossCompute>(*t->model->generator, *t->criterion);
   Tensor data = randint(1, c.V, {c.batch, c.length});
   data.narrow(1, 0, 1).fill_(1);
-  t->batch = std::make_unique<nn::Batch>(data.clone(), data.clone(), 0);
+  t->batch =
+      std::make_unique<nn::Batch>(nn::Batch(data.clone(), data.clone(), 0).to(bench_device()));
+  return t;
+}
+
+std::function<void()> make_step(Config c, bool tiny) {
+  auto t = make_trainer(c, tiny);
   return [t] { t->step(); };
+}
+
+// Bytes a product reads or writes of one operand: its last element's offset plus one, in
+// elements of the product's type.
+int64_t extent(int64_t batch, int64_t stride, int64_t rows, int64_t ld, int64_t cols) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+// One step's products alone (Float32 or Float64 as launched), replayed on zeroed scratch
+// operands as large as the largest each needs: cuBLAS's time for exactly the step's products.
+std::function<void()> make_products_alone(Config c, bool tiny) {
+  auto t = make_trainer(c, tiny);
+  for (int i = 0; i < 2; ++i) t->step();  // Adam's state made, the allocator warm
+  auto products = std::make_shared<std::vector<cuda::kernels::Gemm>>();
+  cuda::detail::capture_products(products.get());
+  t->step();
+  cuda::detail::capture_products(nullptr);
+  int64_t a_size = 1, b_size = 1, c_size = 1;
+  for (const cuda::kernels::Gemm& g : *products) {
+    a_size = std::max(
+        a_size, extent(g.batch, g.stride_a, g.trans_a ? g.k : g.m, g.lda, g.trans_a ? g.m : g.k));
+    b_size = std::max(
+        b_size, extent(g.batch, g.stride_b, g.trans_b ? g.n : g.k, g.ldb, g.trans_b ? g.k : g.n));
+    c_size = std::max(c_size, extent(g.batch, g.stride_c, g.m, g.ldc, g.n));
+  }
+  // Float64 storage holds either type's operands
+  auto scratch = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
+      zeros({a_size}, kFloat64, bench_device()), zeros({b_size}, kFloat64, bench_device()),
+      zeros({c_size}, kFloat64, bench_device())});
+  for (cuda::kernels::Gemm& g : *products) {
+    g.a = (*scratch)[0].data_bytes();
+    g.b = (*scratch)[1].data_bytes();
+    g.c = (*scratch)[2].data_bytes();
+  }
+  return [products, scratch, device = bench_device()] {
+    for (const cuda::kernels::Gemm& g : *products)
+      cuda::detail::launch_gemm(g, device, "products alone");
+  };
 }
 
 // Step B's model and batch without the optimizer (dropout 0.1, train mode): the gradient of the
@@ -79,10 +138,12 @@ std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
   auto criterion = std::make_shared<nn::LabelSmoothing>(c.V, 0, 0.1);
   Tensor data = randint(1, c.V, {c.batch, c.length});
   data.narrow(1, 0, 1).fill_(1);
-  auto batch = std::make_shared<nn::Batch>(data.clone(), data.clone(), 0);
+  model->to(bench_device());
+  auto batch =
+      std::make_shared<nn::Batch>(nn::Batch(data.clone(), data.clone(), 0).to(bench_device()));
   const std::vector<Tensor> params = model->parameters();
   std::vector<Tensor> v;
-  for (const Tensor& p : params) v.push_back(randn(p.shape()));
+  for (const Tensor& p : params) v.push_back(randn(p.shape()).to(bench_device()));
   return [=] {
     copy_task::SimpleLossCompute loss_compute(*model->generator, *criterion);
     const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
@@ -95,14 +156,18 @@ std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
 void add_transformer_workloads() {
   const Config b{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10};
   registry().push_back({"second-order/B gradient", step_flops(b),
-                        [b](bool tiny) { return make_second_order(b, tiny, false); }});
+                        [b](bool tiny) { return make_second_order(b, tiny, false); }, 0, true});
   registry().push_back({"second-order/B hvp", step_flops(b),
-                        [b](bool tiny) { return make_second_order(b, tiny, true); }});
-  for (const Config& c :
-       {Config{"transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10},
-        Config{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10},
-        Config{"transformer/C base V=1000 N=6 d=512 b=32 len=32", 1000, 6, 512, 2048, 8, 32, 32}})
-    registry().push_back({c.name, step_flops(c), [c](bool tiny) { return make_step(c, tiny); }});
+                        [b](bool tiny) { return make_second_order(b, tiny, true); }, 0, true});
+  const Config a{"transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10};
+  const Config c{"transformer/C base V=1000 N=6 d=512 b=32 len=32", 1000, 6, 512, 2048, 8, 32, 32};
+  for (const Config& w : {a, b, c})
+    registry().push_back(
+        {w.name, step_flops(w), [w](bool tiny) { return make_step(w, tiny); }, 0, true});
+  // on a device only (the products go through cuBLAS there)
+  for (const Config& w : {a, c})
+    registry().push_back({fmt::format("{} products alone", w.name), step_flops(w),
+                          [w](bool tiny) { return make_products_alone(w, tiny); }, 0, true, true});
 }
 
 const bool g_registered = (add_transformer_workloads(), true);

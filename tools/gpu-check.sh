@@ -10,8 +10,11 @@
 #                               # device tool's carry: ["gpu-bundle.tar.xz"], it is ignored): the
 #                               # machine (nvidia-smi, the processor), the CUDA suite
 #                               # (DEVICE_TESTS below), the copy task trained with --device cuda,
-#                               # and char_lm's ms/iter against PyTorch's on the same GPU, to logs
-#                               # under $OUT (default out/gpu-check); a few minutes
+#                               # char_lm's ms/iter against PyTorch's on the same GPU, and the
+#                               # transformer steps A, B, C against PyTorch eager (Float32 and
+#                               # bfloat16) and torch.compile, step C against its products alone,
+#                               # with cudaMalloc and host-wait counts (bench/gpu_summary.py), to
+#                               # logs under $OUT (default out/gpu-check); several minutes
 #
 # The GPU machine has CUDA's driver, none of Ember's Debian packages and no network: the bundle
 # carries OpenBLAS, fmt, Boost.Test, libgomp, libgfortran and the CUDA runtime Ember was built
@@ -29,16 +32,19 @@ bundle)
   # x86-64-v3 (AVX2, FMA): what any GPU machine's processor has, and the kernels' AVX2 paths
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DEMBER_NATIVE=OFF -DEMBER_CUDA=ON \
     -DEMBER_MPI=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 >/dev/null
-  cmake --build build-gpu -j"$(nproc)" --target ember_tests transformer_copy char_lm pinn
+  cmake --build build-gpu -j"$(nproc)" --target ember_tests transformer_copy char_lm pinn \
+    ember_bench
   rm -rf "$BUNDLE" "$BUNDLE.tar.xz" && mkdir -p "$BUNDLE/lib"
-  cp build-gpu/tests/ember_tests build-gpu/examples/{transformer_copy,char_lm,pinn} "$BUNDLE/"
+  cp build-gpu/tests/ember_tests build-gpu/examples/{transformer_copy,char_lm,pinn} \
+    build-gpu/bench/ember_bench "$BUNDLE/"
   # every library the binaries load except the C library's own and libstdc++/libgcc_s (the GPU
   # machine's are newer, and backward compatible)
   for bin in "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy; do ldd "$bin"; done |
     awk '$3 ~ /^\// { print $3 }' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcublas|libcublasLt)\.so' |
     while read -r lib; do cp -L "$lib" "$BUNDLE/lib/"; done
-  strip "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy "$BUNDLE"/char_lm "$BUNDLE"/pinn
+  strip "$BUNDLE"/ember_tests "$BUNDLE"/transformer_copy "$BUNDLE"/char_lm "$BUNDLE"/pinn \
+    "$BUNDLE"/ember_bench
   # char_lm's text (Debian's fortunes, not installed there): the files without a dot
   mkdir -p "$BUNDLE/fortunes"
   find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' -exec cp {} "$BUNDLE/fortunes/" \;
@@ -84,6 +90,18 @@ run)
       round(m["ms_per_iter"], 3), "val", m["val_loss"][-1])' \
       "$OUT/char_lm_$side/metrics.json" "$side" 2>/dev/null || echo "$side: no metrics"
   done | tee "$OUT/char_lm.txt"
+  # The transformer steps (bench/transformer_steps.cpp and its twin in bench_torch.py), each
+  # side's Float32 and bfloat16 runs, torch.compile's, and Ember's books of a steady step
+  T=${BENCH_TIME:-2}
+  "$BIN/ember_bench" --device cuda --filter transformer/ --time "$T" --json "$OUT/ember.json" \
+    >"$OUT/ember_bench.log" 2>&1 || status=1
+  "$BIN/ember_bench" --device cuda --filter transformer/ --time "$T" --matmul-precision medium \
+    --json "$OUT/ember_bf16.json" >>"$OUT/ember_bench.log" 2>&1 || status=1
+  for mode in "torch:" "torch_autocast:--autocast" "torch_compile:--compile"; do
+    python3 bench/pytorch/bench_torch.py --device cuda --filter transformer/ --time "$T" \
+      ${mode#*:} --json "$OUT/${mode%%:*}.json" >>"$OUT/torch_bench.log" 2>&1 || status=1
+  done
+  python3 bench/gpu_summary.py "$OUT" | tee "$OUT/summary.md" || status=1
   exit "$status"
   ;;
 *)

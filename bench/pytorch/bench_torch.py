@@ -9,8 +9,12 @@ step). Run with Debian's python3-torch:
         --threads N [--filter substr]... [--exact name]... [--json out.json] [--list] [--smoke]
         [--matmul-precision highest|high|medium] [--autocast]
 
---autocast runs every step under torch.autocast("cpu", torch.bfloat16): products in bfloat16,
+--autocast runs every step under torch.autocast(device, torch.bfloat16): products in bfloat16,
 what Ember's --matmul-precision medium compares with.
+
+--device cuda runs the workloads ember_bench runs on a GPU (the transformer steps and the
+second-order rows) there, each timed sample ending in torch.cuda.synchronize(); --compile wraps
+the transformer steps' model in torch.compile (the "report torch.compile beside it" of issue 35).
 """
 import argparse
 import json
@@ -26,6 +30,9 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOADS = []  # (name, flops, make(tiny) -> step, bytes)
+DEVICE = torch.device("cpu")  # --device: where the transformer workloads run
+COMPILE = False  # --compile: the transformer steps' model through torch.compile
+ON_DEVICE = set()  # the names of the workloads that run on a --device
 
 
 def workload(name, flops=0.0, bytes_=0.0):
@@ -283,10 +290,14 @@ def transformer_setup(tiny, V, N, d_model, d_ff, h, batch, length):
     loss_compute = SimpleLossCompute(model.generator, criterion)
     data = torch.randint(1, V, size=(batch, length))
     data[:, 0] = 1
+    model.to(DEVICE)
+    data = data.to(DEVICE)
     return model, loss_compute, Batch(data.clone(), data.clone(), 0), d_model
 
 
 def transformer_step(name, *config):
+    ON_DEVICE.add(name)
+
     @workload(name, transformer_flops(*config))
     def _(tiny):
         from annotated_transformer import rate
@@ -294,9 +305,10 @@ def transformer_step(name, *config):
         optimizer = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda=lambda step: rate(step, d, factor=1.0, warmup=400))
+        forward = torch.compile(model.forward) if COMPILE else model.forward
 
         def step():
-            out = model.forward(batch_.src, batch_.tgt, batch_.src_mask, batch_.tgt_mask)
+            out = forward(batch_.src, batch_.tgt, batch_.src_mask, batch_.tgt_mask)
             _, loss_node = loss_compute(out, batch_.tgt_y, batch_.ntokens)
             loss_node.backward()
             optimizer.step()
@@ -313,6 +325,8 @@ def second_order(name, hvp, *config):
     """Step B's model and batch without the optimizer: the loss's gradient with respect to every
     parameter, or a Hessian-vector product (the gradient with create_graph, then the gradient of
     g.v), as ember_bench's second-order/ rows."""
+    ON_DEVICE.add(name)
+
     @workload(name, transformer_flops(*config))
     def _(tiny):
         model, loss_compute, batch_, _ = transformer_setup(tiny, *config)
@@ -334,12 +348,18 @@ for _hvp, _suffix in ((False, "gradient"), (True, "hvp")):
 
 # --- harness
 
+def wait_for_device():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_steps(step, target):
     w0 = time.perf_counter()
     warm = 0
     while True:
         step()
         warm += 1
+        wait_for_device()
         if time.perf_counter() - w0 >= 0.1 * target or warm >= 100000:
             break
     estimate = max((time.perf_counter() - w0) / warm, 1e-9)
@@ -351,6 +371,7 @@ def time_steps(step, target):
         t0 = time.perf_counter()
         for _ in range(inner):
             step()
+        wait_for_device()
         per_step.append((time.perf_counter() - t0) / inner)
     cpu = (time.process_time() - cpu0) / (samples * inner)
     per_step.sort()
@@ -370,11 +391,17 @@ def main():
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest")
     p.add_argument("--autocast", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true")
     a = p.parse_args()
+    global DEVICE, COMPILE
+    DEVICE, COMPILE = torch.device(a.device), a.compile
     torch.set_num_threads(a.threads)
     torch.set_float32_matmul_precision(a.matmul_precision)
 
     def selected(name):
+        if DEVICE.type != "cpu" and name not in ON_DEVICE:
+            return False
         if a.exact:
             return name in a.exact
         return not a.filter or any(f in name for f in a.filter)
@@ -390,7 +417,7 @@ def main():
         step = make(a.smoke)
         if a.autocast:
             def step(plain=step):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
                     plain()
         if a.smoke:
             step()
@@ -408,8 +435,10 @@ def main():
                             inner=inner, flops=flops, bytes=bytes_, max_rss_kb=rss))
     if a.json and not a.list and not a.smoke:
         with open(a.json, "w") as f:
+            gpu = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else ""
             json.dump(dict(side="pytorch", threads=a.threads, torch=torch.__version__,
                            matmul_precision=a.matmul_precision, autocast=a.autocast,
+                           device=str(DEVICE), gpu=gpu, compile=a.compile,
                            results=results), f, indent=2)
             f.write("\n")
 
