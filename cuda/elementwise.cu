@@ -7,20 +7,9 @@
 
 namespace ember::cuda::kernels {
 
-namespace {
-
-__global__ void elementwise_kernel(const Elementwise args) {
-  for (int64_t i = first_index(); i < args.numel; i += grid_stride()) elementwise_element(args, i);
-}
-
-}  // namespace
-
 int elementwise_on_device(const Elementwise& args, void* stream) {
   if (!supported(args.op, args.compute)) return kUnsupported;
-  if (args.numel <= 0) return 0;
-  elementwise_kernel<<<blocks_for(args.numel), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      args);
-  return static_cast<int>(cudaGetLastError());
+  return launch_grid_loop<Elementwise, elementwise_element>(args, args.numel, stream);
 }
 
 }  // namespace ember::cuda::kernels

@@ -163,6 +163,24 @@ EMBER_HD constexpr bool supported(Op op, ScalarType compute) {
   }
 }
 
+// f(T()) with T the element type of `type` (float, double, int64_t, bool): the one switch of
+// every kernel that works in its operands' type. f is a generic lambda; one written inside a
+// host-and-device function is host-and-device too (CUDA infers a lambda's execution space from
+// its enclosing function's).
+template <class F>
+EMBER_HD void dispatch(ScalarType type, F&& f) {
+  switch (type) {
+    case ScalarType::Float32:
+      return f(float());
+    case ScalarType::Float64:
+      return f(double());
+    case ScalarType::Int64:
+      return f(int64_t());
+    case ScalarType::Bool:
+      return f(bool());
+  }
+}
+
 namespace detail {
 
 // Element conversion as graph/dtype.h's cast_value: floating -> int64 gives INT64_MIN for NaN
@@ -177,35 +195,17 @@ EMBER_HD D cast(S v) {
 
 template <class T>
 EMBER_HD T load(const void* base, ScalarType type, int64_t offset) {
-  switch (type) {
-    case ScalarType::Float32:
-      return cast<T>(static_cast<const float*>(base)[offset]);
-    case ScalarType::Float64:
-      return cast<T>(static_cast<const double*>(base)[offset]);
-    case ScalarType::Int64:
-      return cast<T>(static_cast<const int64_t*>(base)[offset]);
-    case ScalarType::Bool:
-      return cast<T>(static_cast<const bool*>(base)[offset]);
-  }
-  return T();
+  T out = T();
+  dispatch(type, [&](auto s) { out = cast<T>(static_cast<const decltype(s)*>(base)[offset]); });
+  return out;
 }
 
 template <class T>
 EMBER_HD void store(void* base, ScalarType type, int64_t offset, T v) {
-  switch (type) {
-    case ScalarType::Float32:
-      static_cast<float*>(base)[offset] = cast<float>(v);
-      break;
-    case ScalarType::Float64:
-      static_cast<double*>(base)[offset] = cast<double>(v);
-      break;
-    case ScalarType::Int64:
-      static_cast<int64_t*>(base)[offset] = cast<int64_t>(v);
-      break;
-    case ScalarType::Bool:
-      static_cast<bool*>(base)[offset] = cast<bool>(v);
-      break;
-  }
+  dispatch(type, [&](auto d) {
+    using D = decltype(d);
+    static_cast<D*>(base)[offset] = cast<D>(v);
+  });
 }
 
 // The math functions in the device's (CUDA's float and double overloads) or the host's (<cmath>)
@@ -423,16 +423,7 @@ EMBER_HD void element(const Elementwise& e, int64_t i) {
 
 // Element i of the launch in its compute type.
 EMBER_HD inline void elementwise_element(const Elementwise& e, int64_t i) {
-  switch (e.compute) {
-    case ScalarType::Float32:
-      return detail::element<float>(e, i);
-    case ScalarType::Float64:
-      return detail::element<double>(e, i);
-    case ScalarType::Int64:
-      return detail::element<int64_t>(e, i);
-    case ScalarType::Bool:
-      return detail::element<bool>(e, i);
-  }
+  dispatch(e.compute, [&](auto t) { detail::element<decltype(t)>(e, i); });
 }
 
 }  // namespace ember::cuda::kernels

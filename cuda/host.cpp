@@ -16,6 +16,13 @@ namespace ember::cuda::kernels {
 
 namespace {
 
+// Body(args, i) for i in [0, n): a grid-stride loop's threads one after another.
+template <class Args, void (*Body)(const Args&, int64_t)>
+int host_loop(const Args& args, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Body(args, i);
+  return 0;
+}
+
 int fill_on_host(void* data, int64_t n, size_t element_size, uint64_t pattern, void*) {
   if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8)
     return kUnsupported;
@@ -27,8 +34,7 @@ int fill_on_host(void* data, int64_t n, size_t element_size, uint64_t pattern, v
 
 int elementwise_on_host(const Elementwise& args, void*) {
   if (!supported(args.op, args.compute)) return kUnsupported;
-  for (int64_t i = 0; i < args.numel; ++i) elementwise_element(args, i);
-  return 0;
+  return host_loop<Elementwise, elementwise_element>(args, args.numel);
 }
 
 int sum_on_host(const Reduce& r, void*) {
@@ -49,18 +55,15 @@ int gemm_on_host(const Gemm& g, void*) {
 
 int rows_on_host(const Rows& r, void*) {
   if (!supported(r)) return kUnsupported;
-  for (int64_t i = 0; i < r.rows; ++i) row_element(r, i);
-  return 0;
+  return host_loop<Rows, row_element>(r, r.rows);
 }
 
 int index_on_host(const IndexAlong& a, void*) {
-  for (int64_t i = 0; i < a.numel; ++i) index_element(a, i);
-  return 0;
+  return host_loop<IndexAlong, index_element>(a, a.numel);
 }
 
 int dropout_mask_on_host(const DropoutMask& m, void*) {
-  for (int64_t i = 0; i < m.n; ++i) dropout_mask_element(m, i);
-  return 0;
+  return host_loop<DropoutMask, dropout_mask_element>(m, m.n);
 }
 
 int optim_on_host(const OptimStep& s, void*) {

@@ -89,16 +89,7 @@ EMBER_HD void index_element(const IndexAlong& a, int64_t i) {
 }  // namespace detail
 
 EMBER_HD inline void index_element(const IndexAlong& a, int64_t i) {
-  switch (a.type) {
-    case ScalarType::Float32:
-      return detail::index_element<float>(a, i);
-    case ScalarType::Float64:
-      return detail::index_element<double>(a, i);
-    case ScalarType::Int64:
-      return detail::index_element<int64_t>(a, i);
-    case ScalarType::Bool:
-      return detail::index_element<bool>(a, i);
-  }
+  dispatch(a.type, [&](auto t) { detail::index_element<decltype(t)>(a, i); });
 }
 
 }  // namespace ember::cuda::kernels

@@ -25,6 +25,22 @@ __device__ inline int64_t first_index() {
 }
 __device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
+// The kernel of an element-per-thread op: Body(args, i) for every i in [0, n), a grid-stride loop
+// (Body: one of cuda/*.h's host-and-device element functions; cuda/host.cpp runs the same bodies
+// in a plain loop).
+template <class Args, void (*Body)(const Args&, int64_t)>
+__global__ void grid_loop(const Args args, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) Body(args, i);
+}
+
+// Queues grid_loop<Args, Body> over n elements on `stream`: 0, or the launch's cudaError_t.
+template <class Args, void (*Body)(const Args&, int64_t)>
+int launch_grid_loop(const Args& args, int64_t n, void* stream) {
+  if (n <= 0) return 0;
+  grid_loop<Args, Body><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int fill_on_device(void* data, int64_t n, size_t element_size, uint64_t pattern, void* stream);
 int elementwise_on_device(const Elementwise& args, void* stream);
 int sum_on_device(const Reduce& args, void* stream);

@@ -10,18 +10,12 @@ namespace ember::cuda::kernels {
 
 namespace {
 
-__global__ void dropout_mask_kernel(const DropoutMask m) {
-  for (int64_t i = first_index(); i < m.n; i += grid_stride()) dropout_mask_element(m, i);
-}
-
 __global__ void optim_kernel(const OptimStep s) { optim_elements(s, first_index(), grid_stride()); }
 
 }  // namespace
 
 int dropout_mask_on_device(const DropoutMask& m, void* stream) {
-  if (m.n <= 0) return 0;
-  dropout_mask_kernel<<<blocks_for(m.n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(m);
-  return static_cast<int>(cudaGetLastError());
+  return launch_grid_loop<DropoutMask, dropout_mask_element>(m, m.n, stream);
 }
 
 int optim_on_device(const OptimStep& s, void* stream) {

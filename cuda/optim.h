@@ -93,10 +93,10 @@ EMBER_HD void optim_elements(const OptimStep& s, int64_t first, int64_t stride) 
 // Elements first, first + stride, … of the launch's tensors taken end to end: a GPU thread's
 // share of a grid-stride loop, or all of them (0, 1) on the host.
 EMBER_HD inline void optim_elements(const OptimStep& s, int64_t first, int64_t stride) {
-  if (s.type == ScalarType::Float32)
-    detail::optim_elements<float>(s, first, stride);
-  else if (s.type == ScalarType::Float64)
-    detail::optim_elements<double>(s, first, stride);
+  dispatch(s.type, [&](auto t) {
+    if constexpr (std::is_floating_point_v<decltype(t)>)
+      detail::optim_elements<decltype(t)>(s, first, stride);
+  });
 }
 
 }  // namespace ember::cuda::kernels

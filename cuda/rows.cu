@@ -6,19 +6,9 @@
 
 namespace ember::cuda::kernels {
 
-namespace {
-
-__global__ void rows_kernel(const Rows r) {
-  for (int64_t i = first_index(); i < r.rows; i += grid_stride()) row_element(r, i);
-}
-
-}  // namespace
-
 int rows_on_device(const Rows& r, void* stream) {
   if (!supported(r)) return kUnsupported;
-  if (r.rows <= 0) return 0;
-  rows_kernel<<<blocks_for(r.rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(r);
-  return static_cast<int>(cudaGetLastError());
+  return launch_grid_loop<Rows, row_element>(r, r.rows, stream);
 }
 
 }  // namespace ember::cuda::kernels

@@ -211,16 +211,9 @@ EMBER_HD inline bool supported(const Rows& r) {
 }
 
 EMBER_HD inline void row_element(const Rows& r, int64_t index) {
-  switch (r.compute) {
-    case ScalarType::Float32:
-      return detail::row<float>(r, index);
-    case ScalarType::Float64:
-      return detail::row<double>(r, index);
-    case ScalarType::Int64:
-      return detail::row<int64_t>(r, index);
-    case ScalarType::Bool:
-      return;
-  }
+  dispatch(r.compute, [&](auto t) {
+    if constexpr (!std::is_same_v<decltype(t), bool>) detail::row<decltype(t)>(r, index);
+  });
 }
 
 }  // namespace ember::cuda::kernels

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -639,6 +640,39 @@ BOOST_AUTO_TEST_CASE(a_training_step_in_steady_state) {
   (void)b.src.sum().item<int64_t>();
   cuda::synchronize();
   BOOST_TEST(cuda::launch_stats().host_waits == before + 2);
+}
+
+// cuda/elementwise.h repeats graph/dtype.h's cast_value and ops/elementwise.cpp's wrapping
+// integer arithmetic (a leaf below the core, it includes no Ember header): this pins them to the
+// CPU's on the values where a plain C++ conversion or operation would be undefined (NaN, ±inf and
+// out-of-range floats to Int64, overflowing Int64 sums, differences and products), bit for bit.
+// On the emulated device x86 happens to agree even without them; a GPU does not (its conversion
+// saturates 1e19 to INT64_MAX where the CPU gives INT64_MIN), so this is a GPU run's check.
+BOOST_AUTO_TEST_CASE(conversions_and_integer_wrapping_match_the_cpu) {
+  if (skip_without_gpu()) return;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> edges = {nan,    inf,     -inf, 1e19, -1e19, 0x1p63, -0x1p63,
+                                     9.2e18, -9.2e18, 2.5,  -2.5, -0.0,  1e-300};
+  for (DType dtype : {kFloat64, kFloat32}) {
+    const Tensor x = from_vector(edges, {static_cast<int64_t>(edges.size())}, kFloat64).to(dtype);
+    expect_equal(x.cuda().to(kInt64).cpu(), x.to(kInt64));
+    expect_equal(x.cuda().to(kBool).cpu(), x.to(kBool));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  const Tensor a =
+      from_vector(std::vector<int64_t>{kMax, kMin, 3000000000000000000, kMin, -7}, {5}, kCPU);
+  const Tensor b = from_vector(std::vector<int64_t>{1, 1, 4, -1, kMax}, {5}, kCPU);
+  const Tensor da = a.cuda(), db = b.cuda();
+  expect_equal((da + db).cpu(), a + b);
+  expect_equal((da - db).cpu(), a - b);
+  expect_equal((da * db).cpu(), a * b);
+  expect_equal((da * 4.0).cpu(), a * 4.0);
+  expect_equal(neg(da).cpu(), neg(a));
+  // and back: Int64 to the floating types rounds as the CPU's
+  expect_equal(da.to(kFloat32).cpu(), a.to(kFloat32));
+  expect_equal(da.to(kFloat64).cpu(), a.to(kFloat64));
 }
 
 // Indices out of range on a device (Note [Checks on the device]): the op queues its kernel
