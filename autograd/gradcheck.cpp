@@ -40,10 +40,6 @@ void check_inputs(const std::vector<Tensor>& inputs) {
     if (!x.defined() || !x.requires_grad()) continue;
     any = true;
     EMBER_CHECK(x.dtype() == kFloat64, "gradcheck: input {} is {}, expected Float64", i, x.dtype());
-    // The numeric side writes each element in place through the host (Note [CPU kernels and
-    // devices] in graph/tensor.cpp).
-    EMBER_CHECK(x.device().is_cpu(), "gradcheck: input {} is on {}; only CPU inputs so far", i,
-                x.device());
     for (int64_t d = 0; d < x.dim(); ++d)
       EMBER_CHECK(x.stride(d) != 0 || x.size(d) <= 1,
                   "gradcheck: input {} of shape {} has overlapping (expanded) memory", i,
@@ -74,7 +70,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
                 "gradcheck: f must return a floating tensor");
     std::vector<double> v(y.numel());
     for (double& e : v) e = normal(gen);
-    if (y.requires_grad()) y.backward(from_vector(v, y.shape(), y.dtype()));
+    if (y.requires_grad()) y.backward(from_vector(v, y.shape(), y.dtype()).to(y.device()));
 
     for (size_t i = 0; i < inputs.size(); ++i) {
       const Tensor& x = inputs[i];
@@ -84,18 +80,33 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
           g.defined() ? g.to_vector<double>() : std::vector<double>(x.numel(), 0.0);
       x.set_grad(saved_grads[i]);
 
-      // Numeric: central differences of f · v, one element at a time.
-      double* base = static_cast<double*>(x.impl()->storage->data());
-      const std::vector<int64_t> offsets = element_offsets(x);
+      // Numeric: central differences of f · v, one element at a time, written in place: through
+      // the host pointer on the CPU, by fill_ of the element's 0-d view on a device
+      const bool on_cpu = x.device().is_cpu();
+      double* base = on_cpu ? static_cast<double*>(x.impl()->storage->data()) : nullptr;
+      const std::vector<int64_t> offsets = on_cpu ? element_offsets(x) : std::vector<int64_t>();
+      const std::vector<double> values = on_cpu ? std::vector<double>() : x.to_vector<double>();
       NoGradGuard no_grad;
       for (int64_t j = 0; j < x.numel(); ++j) {
-        double& e = base[offsets[j]];
-        const double orig = e;
-        e = orig + options.eps;
+        Tensor element = x.detach();  // element j's 0-d view (on a device)
+        for (int64_t rest = j, d = 0; !on_cpu && d < x.dim(); ++d) {
+          int64_t below = 1;
+          for (int64_t k = d + 1; k < x.dim(); ++k) below *= x.size(k);
+          element = element.select(0, rest / below);
+          rest %= below;
+        }
+        const auto set = [&](double value) {
+          if (on_cpu)
+            base[offsets[j]] = value;
+          else
+            element.fill_(value);
+        };
+        const double orig = on_cpu ? base[offsets[j]] : values[j];
+        set(orig + options.eps);
         const double plus = dot(f(inputs), v);
-        e = orig - options.eps;
+        set(orig - options.eps);
         const double minus = dot(f(inputs), v);
-        e = orig;
+        set(orig);
         const double numeric = (plus - minus) / (2 * options.eps);
         const double err = std::abs(analytic[j] - numeric);
         const double excess = err - (options.atol + options.rtol * std::abs(numeric));
@@ -131,7 +142,7 @@ GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tenso
                 "gradgradcheck: f must return a floating tensor");
     std::vector<double> values(y.numel());
     for (double& e : values) e = normal(gen);
-    v.push_back(from_vector(values, y.shape(), y.dtype()));
+    v.push_back(from_vector(values, y.shape(), y.dtype()).to(y.device()));
   }
   EMBER_CHECK(v.size() == 1, "gradgradcheck: {} grad_outputs for f's one output", v.size());
   // The grad_output is an input of the first derivatives too, as in torch: a backward formula
@@ -144,13 +155,14 @@ GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tenso
   const auto first_derivatives = [&](const std::vector<Tensor>&) {
     GradModeScope grad_mode(true);  // gradcheck evaluates under NoGradGuard
     const Tensor y = f(inputs);
-    if (!y.requires_grad()) return zeros({0}, kFloat64);
+    if (!y.requires_grad()) return zeros({0}, kFloat64, y.device());
     const std::vector<Tensor> grads =
         autograd::grad({y}, differentiable, {grad_output}, true, true, true);
     std::vector<Tensor> flat;
     for (size_t i = 0; i < grads.size(); ++i)
       flat.push_back(grads[i].defined() ? grads[i].reshape({-1})
-                                        : zeros({differentiable[i].numel()}, kFloat64));
+                                        : zeros({differentiable[i].numel()}, kFloat64,
+                                                differentiable[i].device()));
     return cat(flat, 0);
   };
   return gradcheck(first_derivatives, all_inputs, options);

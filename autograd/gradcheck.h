@@ -20,7 +20,9 @@ struct GradcheckResult {
 };
 
 // Checks f's gradient with respect to every input that requires grad. Inputs must be Float64;
-// they may be non-contiguous but must not overlap in memory (no expanded dims). For two random
+// they may be non-contiguous but must not overlap in memory (no expanded dims), and may be on a
+// CUDA device (the differences are then taken there: each element written by fill_, f's
+// output read back to the host for the dot product). For two random
 // projections v of f's output, each element j of each input gets
 //   analytic = (Jᵀ v)_j  from backward,   numeric = (f(x + eps e_j) - f(x - eps e_j)) · v / 2eps,
 // and passes when |analytic - numeric| <= atol + rtol |numeric|.

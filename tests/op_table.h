@@ -443,6 +443,15 @@ inline void device_row(const OpCase& c) {
           expect_close(device[i].grad().cpu(), host[i].grad(), 1e-10, 1e-12,
                        fmt::format("gradient of input {}", i));
         }
+        // and gradcheck on the device, its finite differences taken there (the contiguous layout;
+        // rows gradcheck leaves out are left out here too)
+        if (layout != Layout::Contiguous || (c.flags & kNoGradcheck)) continue;
+        check_gradient(
+            [&](const std::vector<Tensor>& in) {
+              RowOnDevice on(kCUDA);
+              return row.through_views(in);
+            },
+            device, fmt::format("{} gradcheck on the device", c.name));
       }
     }
   }
