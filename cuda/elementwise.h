@@ -163,6 +163,24 @@ EMBER_HD constexpr bool supported(Op op, ScalarType compute) {
   }
 }
 
+// Where a kernel reports the first bad value it met: check is the host's id of the message (0:
+// nothing reported), value the bad value. In memory the host reads after it waits for the
+// device (mapped host memory on a GPU).
+struct DeviceCheck {
+  int32_t check = 0;
+  int32_t unused = 0;
+  int64_t value = 0;
+};
+
+// Records (check, value) in *slot unless something was recorded there first.
+EMBER_HD inline void report(DeviceCheck* slot, int32_t check, int64_t value) {
+#if defined(__CUDA_ARCH__)
+  if (atomicCAS(&slot->check, 0, check) == 0) slot->value = value;
+#else
+  if (slot->check == 0) slot->check = check, slot->value = value;
+#endif
+}
+
 // f(T()) with T the element type of `type` (float, double, int64_t, bool): the one switch of
 // every kernel that works in its operands' type. f is a generic lambda; one written inside a
 // host-and-device function is host-and-device too (CUDA infers a lambda's execution space from

@@ -23,6 +23,13 @@ enum class RowOp : int32_t {
   Moments,             // out0 = mean, out1 = 1 / sqrt(biased variance + p0)
   Sort,                // out0 = the row sorted, stably (descending when `reverse`; NaN above
                        // all), out1 = the positions the values came from
+  // in0 = logits, in1 = the row's target t (Int64, one per row), p0 = label smoothing eps,
+  // i0 = ignore_index: out0 = (1 - eps) (-log p_t) + eps / C Σ_c -log p_c (one per row), 0 for
+  // an ignored row; a target outside [0, C) is reported (slot, check) and its loss is NaN
+  CrossEntropy,
+  // in0 = logits, in1 = t, in2 = dL for the row: out0 = dL (p - eps / C - (1 - eps) [c = t]),
+  // 0 for an ignored row (p = softmax of the row, recomputed)
+  CrossEntropyBackward,
 };
 
 struct RowOperand {
@@ -38,9 +45,12 @@ struct Rows {
   int64_t rows = 0, length = 0;              // rows, and elements in each
   int outer_ndim = 0;
   int64_t outer_sizes[kMaxDims] = {};
-  RowOperand in[2], out[2];
+  RowOperand in[3], out[2];
   bool reverse = false;
   double p0 = 0;
+  int64_t i0 = 0;
+  DeviceCheck* slot = nullptr;  // where a bad value is reported (Note [Checks on the device])
+  int32_t check = 0;
 };
 
 namespace detail {
@@ -74,7 +84,7 @@ EMBER_HD T lowest() {
 
 template <class T>
 EMBER_HD void row(const Rows& r, int64_t index) {
-  int64_t base[4] = {0, 0, 0, 0};  // in0, in1, out0, out1
+  int64_t base[5] = {0, 0, 0, 0, 0};  // in0, in1, out0, out1, in2
   int64_t rest = index;
   for (int d = r.outer_ndim - 1; d >= 0; --d) {
     const int64_t i = rest % r.outer_sizes[d];
@@ -83,6 +93,7 @@ EMBER_HD void row(const Rows& r, int64_t index) {
     base[1] += i * r.in[1].outer_strides[d];
     base[2] += i * r.out[0].outer_strides[d];
     base[3] += i * r.out[1].outer_strides[d];
+    base[4] += i * r.in[2].outer_strides[d];
   }
   const int64_t n = r.length;
   const RowOperand &x = r.in[0], &y = r.in[1], &o = r.out[0], &o1 = r.out[1];
@@ -169,6 +180,47 @@ EMBER_HD void row(const Rows& r, int64_t index) {
         int64_t j = i - 1;
         for (; j >= 0 && before(v, value(j)); --j) set(j + 1, value(j), position(j));
         set(j + 1, v, p);
+      }
+      return;
+    }
+    case RowOp::CrossEntropy:
+    case RowOp::CrossEntropyBackward: {
+      // the CPU's cross_entropy_row and CrossEntropyBackward (ops/loss.cpp): m = max, log_s =
+      // log Σ exp(x - m), log p_c = (x_c - m) - log_s; floating rows only (supported())
+      if constexpr (std::is_floating_point_v<T>) {
+        const int64_t t = load<int64_t>(y.data, y.type, base[1]);
+        const bool backward = r.op == RowOp::CrossEntropyBackward;
+        if (t == r.i0) {
+          for (int64_t j = 0; j < (backward ? n : 1); ++j) put(j, T(0));
+          return;
+        }
+        if (t < 0 || t >= n) {
+          if (r.slot != nullptr) report(r.slot, r.check, t);
+          for (int64_t j = 0; j < (backward ? n : 1); ++j) put(j, T(NAN));
+          return;
+        }
+        T m = lowest<T>();
+        for (int64_t j = 0; j < n; ++j) m = in0(j) > m || nan(in0(j)) ? in0(j) : m;
+        double sum_exp = 0, sum_gap = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          sum_exp += static_cast<double>(EMBER_ROW_MATH(exp)(in0(j) - m));
+          sum_gap += static_cast<double>(m - in0(j));
+        }
+        const double log_s = EMBER_ROW_MATH(log)(sum_exp), eps = r.p0;
+        if (!backward) {
+          const double nll = static_cast<double>(m - in0(t)) + log_s;
+          const double c = static_cast<double>(n);
+          put(0,
+              static_cast<T>(eps == 0 ? nll : (1 - eps) * nll + eps / c * (sum_gap + c * log_s)));
+          return;
+        }
+        const RowOperand& g = r.in[2];
+        const T w = load<T>(g.data, g.type, base[4]), l = static_cast<T>(log_s);
+        const T keep = static_cast<T>(1 - eps),
+                spread = static_cast<T>(eps / static_cast<double>(n));
+        for (int64_t j = 0; j < n; ++j)
+          put(j, w * (EMBER_ROW_MATH(exp)((in0(j) - m) - l) - spread) - (j == t ? w * keep : T(0)));
+        return;
       }
       return;
     }

@@ -106,17 +106,19 @@ void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& 
 
 void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
                     std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
-                    std::string_view name, bool reverse, double p0) {
+                    std::string_view name, bool reverse, double p0, int64_t i0,
+                    const std::string& check) {
   namespace kn = cuda::kernels;
   EMBER_CHECK(
-      inputs.size() >= 1 && inputs.size() <= 2 && outputs.size() >= 1 && outputs.size() <= 2,
-      "{}: the row kernel takes one or two inputs and outputs", name);
+      inputs.size() >= 1 && inputs.size() <= 3 && outputs.size() >= 1 && outputs.size() <= 2,
+      "{}: the row kernel takes one to three inputs and one or two outputs", name);
   const Tensor& x = *inputs.begin();
   kn::Rows r;
   r.op = op;
   r.compute = scalar_type_of(compute);
   r.reverse = reverse;
   r.p0 = p0;
+  r.i0 = i0;
   r.length = x.dim() == 0 ? 1 : x.size(dim);
   r.rows = x.dim() == 0 ? 1 : x.numel() / std::max<int64_t>(r.length, 1);
   if (x.numel() == 0) r.rows = 0;
@@ -142,6 +144,10 @@ void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
   k = 0;
   for (const Tensor& t : outputs) r.out[k++] = operand(t);
   if (r.rows == 0) return;
+  if (!check.empty()) {
+    r.slot = cuda::detail::check_slot(x.device());
+    r.check = cuda::detail::register_check(x.device(), check);
+  }
   cuda::detail::launch_rows(r, x.device(), name);
 }
 

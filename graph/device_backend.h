@@ -98,10 +98,13 @@ void sum_on_device(const Tensor& out, const Tensor& x, const std::vector<bool>& 
 
 // The row kernel `op` along `dim` of tensors all of one shape (views: an operand of one value
 // per row has stride 0 along dim), on their device, computed in `compute`; outputs written in
-// place (p0: Moments' eps; reverse: Cumsum's direction).
+// place (p0: Moments' eps, CrossEntropy's smoothing; i0: its ignore_index; reverse: Cumsum's
+// direction). A bad value the kernel meets is reported with `check` (Note [Checks on the
+// device]).
 void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
                     std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
-                    std::string_view name, bool reverse = false, double p0 = 0);
+                    std::string_view name, bool reverse = false, double p0 = 0, int64_t i0 = 0,
+                    const std::string& check = {});
 
 // For every position p of `index` (Int64), with q = p at coordinate index[p] along dim: gather
 // writes dense[p] = indexed[q], scatter_add adds indexed[q] += dense[p]. All on one device, of one

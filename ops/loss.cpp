@@ -11,6 +11,7 @@
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
+#include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
@@ -228,9 +229,8 @@ struct ClassRows {
   Tensor target;     // contiguous, N D values
   Shape loss_shape;  // the target's shape: what reduction None returns
   double count;      // targets that are not ignored (on the CPU)
-  // on a device: count as a 0-d tensor there (computed there, no wait for it), and the words
-  // for a target out of range, "{}" for it (Note [Checks on the device])
-  Tensor device_count;
+  // on a device: the words for a target out of range, "{}" for it (Note [Checks on the
+  // device]); count is then device_count()'s
   std::string range;
 
   int64_t rows() const { return N * D; }
@@ -268,10 +268,8 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
                  target.contiguous(),
                  expected,
                  0,
-                 {},
                  {}};
   if (!target.device().is_cpu()) {  // the kernel that picks the targets' scores checks them
-    rows.device_count = sum(ne(rows.target, static_cast<double>(ignore_index))).to(x.dtype());
     rows.range = fmt::format("{}: target {{}} out of range for {} classes (input of shape {})", op,
                              rows.C, scores.shape());
     return rows;
@@ -286,6 +284,12 @@ ClassRows class_rows(const Tensor& scores, const Tensor& target, int64_t ignore_
   return rows;
 }
 
+// The targets that are not ignored, counted on their device as a 0-d tensor of the scores'
+// dtype (a Mean's divisor there: no wait for it).
+Tensor device_count(const ClassRows& g, int64_t ignore_index) {
+  return sum(ne(g.target, static_cast<double>(ignore_index))).to(g.scores.dtype());
+}
+
 // Note [Losses on a device]: -log p[r, t_r] per row, picked by gather from `log_p` (the scores
 // or their log_softmax), (1 - eps) of it plus eps / C of the row's Σ_c -log p[r, c] with label
 // smoothing, 0 for ignored rows, then reduced over the rows that are not.
@@ -298,7 +302,7 @@ Tensor class_loss_in_ops(const ClassRows& g, const Tensor& log_p, Reduction redu
   if (eps > 0)
     loss = add(mul(loss, 1 - eps), mul(neg(sum(lp, {1}, true)), eps / static_cast<double>(g.C)));
   loss = reshape(masked_fill(loss, ignored, 0.0), g.loss_shape);
-  if (reduction == Reduction::Mean) return div(sum(loss), g.device_count);
+  if (reduction == Reduction::Mean) return div(sum(loss), device_count(g, ignore_index));
   return reduce_in_ops(loss, reduction, g.count);
 }
 
@@ -490,6 +494,57 @@ struct CrossEntropyBackward final : Node {
 
 }  // namespace
 
+namespace {
+
+// Note [Cross-entropy on a device]: one row kernel forward (cuda/rows.h's CrossEntropy: each
+// row's loss from its logits and target, the CPU's formula) and one backward (the row's softmax
+// recomputed, so nothing but the logits is saved), the rows' losses reduced by ops. x is the
+// logits seen as (N, C, D), t the targets as (N, 1, D). Under create_graph the backward is ops:
+// (softmax(x) - q) w, q the smoothed one-hot targets, w the rows' dL (0 where ignored).
+struct CrossEntropyRowsBackward final : Node {
+  CrossEntropyRowsBackward(const Tensor& x, const Tensor& t, int64_t ignore_index, double eps)
+      : ignore_index_(ignore_index), eps_(eps) {
+    save(x_, x), save(t_, t);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor x = x_.get(), t = t_.get();
+    if (is_grad_enabled()) {  // create_graph
+      const Tensor ignored = eq(t, static_cast<double>(ignore_index_));
+      const int64_t C = x.size(1);
+      const Tensor classes = arange(0, static_cast<double>(C), 1, kInt64, x.device());
+      const Tensor hit = eq(reshape(classes, {1, C, 1}), t).to(x.dtype());
+      const Tensor q = add(mul(hit, 1 - eps_), eps_ / static_cast<double>(C));
+      return {mul(sub(softmax(x, 1), q), masked_fill(grads[0], ignored, 0.0))};
+    }
+    Tensor grad_x = empty(x.shape(), x.dtype(), x.device());
+    rows_on_device(cuda::kernels::RowOp::CrossEntropyBackward, x.dtype(), 1,
+                   {x, ember::per_row(t, x.shape(), 1), ember::per_row(grads[0], x.shape(), 1)},
+                   {grad_x}, op(), false, eps_, ignore_index_);
+    return {grad_x};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor x_, t_;
+  int64_t ignore_index_;
+  double eps_;
+};
+
+// cross_entropy of class rows on a device (Note [Cross-entropy on a device]).
+Tensor cross_entropy_on_device(const ClassRows& g, Reduction reduction, int64_t ignore_index,
+                               double eps, std::string_view op) {
+  const Tensor x = reshape(g.scores, {g.N, g.C, g.D}), t = reshape(g.target, {g.N, 1, g.D});
+  Tensor losses = empty({g.N, 1, g.D}, x.dtype(), x.device());
+  rows_on_device(cuda::kernels::RowOp::CrossEntropy, x.dtype(), 1,
+                 {x, ember::per_row(t, x.shape(), 1)}, {ember::per_row(losses, x.shape(), 1)}, op,
+                 false, eps, ignore_index, g.range);
+  losses = reshape(record<CrossEntropyRowsBackward>(op, losses, {x}, x, t, ignore_index, eps),
+                   g.loss_shape);
+  if (reduction == Reduction::None) return losses;
+  return reduction == Reduction::Mean ? div(sum(losses), device_count(g, ignore_index))
+                                      : sum(losses);
+}
+
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
   constexpr std::string_view op = "cross_entropy";
@@ -498,8 +553,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   EMBER_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
               "{}: label_smoothing must be in [0, 1], got {}", op, label_smoothing);
   if (!g.scores.device().is_cpu())
-    return class_loss_in_ops(g, log_softmax(g.scores, g.scores.dim() == 1 ? 0 : 1), reduction,
-                             ignore_index, label_smoothing);
+    return cross_entropy_on_device(g, reduction, ignore_index, label_smoothing, op);
   const int64_t* pt = g.target.data<int64_t>();
   Tensor stats = empty({g.rows(), 2}, g.scores.dtype(), g.scores.device());
   Tensor out = dispatch_float(g.scores.dtype(), op, [&]<class T>() {

@@ -400,6 +400,43 @@ BOOST_AUTO_TEST_CASE(gradcheck_on_the_device) {
   BOOST_TEST(!bad.ok);
 }
 
+// cross_entropy on a device is one row kernel forward and one backward (Note [Cross-entropy on
+// a device]): the CPU's values and gradients on (N, C, D) logits (a transposed view) with ignored
+// targets and label smoothing, every reduction; two launches for the first-order pair beyond the
+// reduction's; its create_graph backward (ops) passes gradgradcheck on the device.
+BOOST_AUTO_TEST_CASE(cross_entropy_rows_on_the_device) {
+  if (skip_without_gpu()) return;
+  const Tensor logits = randn({3, 2, 5}, kFloat64).transpose(1, 2);  // (N, C, D) = (3, 5, 2)
+  const Tensor target =
+      from_vector(std::vector<int64_t>{0, 4, 2, 2, 1, 3}, {3, 2}, kCPU);  // 2 ignored
+  for (const Reduction reduction : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+    for (const double eps : {0.0, 0.1}) {
+      const Tensor h = logits.detach().requires_grad_();
+      const Tensor d = logits.detach().cuda().requires_grad_();
+      const Tensor want = cross_entropy(h, target, reduction, 2, eps);
+      const Tensor got = cross_entropy(d, target.cuda(), reduction, 2, eps);
+      expect_close(got.cpu(), want, 1e-12, 1e-12, "value");
+      const Tensor up = randn(want.shape(), kFloat64);
+      want.backward(up);
+      got.backward(up.cuda());
+      expect_close(d.grad().cpu(), h.grad(), 1e-12, 1e-12, "gradient");
+    }
+  }
+  const Tensor x = logits.detach().cuda().requires_grad_();
+  const int64_t before = cuda::launch_stats().kernels;
+  const Tensor loss = cross_entropy(x, target.cuda(), Reduction::None, 2, 0.1);
+  BOOST_TEST(cuda::launch_stats().kernels - before == 1);  // the row kernel (no reduction)
+  const int64_t forward = cuda::launch_stats().kernels;
+  loss.backward(ones_like(loss));
+  BOOST_TEST(cuda::launch_stats().kernels - forward <= 2);  // the ones, the row kernel
+  const GradcheckResult second = gradgradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return cross_entropy(in[0], target.cuda(), Reduction::Mean, 2, 0.1);
+      },
+      {x});
+  BOOST_TEST(second.ok, second.message);
+}
+
 // SGD (momentum, Nesterov, weight decay), Adam and AdamW, and clip_grad_norm_ on device
 // parameters: the CPU's values step by step.
 BOOST_AUTO_TEST_CASE(optimizers_on_the_device) {
