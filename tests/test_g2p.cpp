@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -206,8 +207,10 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
   std::filesystem::remove_all(dir);
 }
 
-// --device cuda on the emulated device (Note [Host emulation of a GPU]): the CPU run's losses, and
-// a run stopped on the CPU goes on on the device (its checkpoint loads onto the model's device).
+// --device cuda on the emulated device (Note [Host emulation of a GPU]): the CPU run's losses (to
+// 1e-4: its products are the reference loop, the CPU's the vector kernels, and two epochs of
+// training carry the difference, 3e-5 in the AVX2 build), and a run stopped on the CPU goes on
+// on the device (its checkpoint loads onto the model's device).
 BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
   if (!std::filesystem::exists(g2p::kDefaultDict)) {
     BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
@@ -239,8 +242,11 @@ BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
     const auto got = m.at("train_loss").get<std::vector<double>>();
     BOOST_TEST_REQUIRE(got.size() == want.size(), run);
     for (size_t i = 0; i < got.size(); ++i)
-      BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-6));
-    BOOST_TEST(m.at("dev_wer") == m_cpu.at("dev_wer"), run);
+      BOOST_TEST(got[i] == want[i], boost::test_tools::tolerance(1e-4));
+    const auto wer = m.at("dev_wer").get<std::vector<double>>();
+    const auto cpu_wer = m_cpu.at("dev_wer").get<std::vector<double>>();
+    for (size_t i = 0; i < wer.size(); ++i)  // a word or two may decode apart
+      BOOST_TEST(std::abs(wer[i] - cpu_wer[i]) <= 0.05, run << " dev WER " << i);
   }
   std::filesystem::remove_all(dir);
 }
