@@ -30,6 +30,13 @@ enum class RowOp : int32_t {
   // in0 = logits, in1 = t, in2 = dL for the row: out0 = dL (p - eps / C - (1 - eps) [c = t]),
   // 0 for an ignored row (p = softmax of the row, recomputed)
   CrossEntropyBackward,
+  // in0 = x, in1 = weight, in2 = bias (each absent when its data is null), p0 = eps: out0 =
+  // (x - mean) rstd weight + bias, out1 = mean, out2 = rstd (one per row; Moments' formulas)
+  LayerNorm,
+  // in0 = dY, in1 = x, in2 = weight (absent when null), p0 = eps: out0 = dX = rstd (dxhat -
+  // mean(dxhat) - (x - mean) rstd² mean(dxhat (x - mean))), dxhat = dY weight, the row's mean
+  // and rstd recomputed from x
+  LayerNormBackward,
 };
 
 struct RowOperand {
@@ -45,7 +52,7 @@ struct Rows {
   int64_t rows = 0, length = 0;              // rows, and elements in each
   int outer_ndim = 0;
   int64_t outer_sizes[kMaxDims] = {};
-  RowOperand in[3], out[2];
+  RowOperand in[3], out[3];
   bool reverse = false;
   double p0 = 0;
   int64_t i0 = 0;
@@ -82,9 +89,17 @@ EMBER_HD T lowest() {
 #define EMBER_ROW_MATH(fn) std::fn
 #endif
 
+// The x of a layer_norm row: in0 forward, in1 backward (in0 is dY there).
+template <class T>
+EMBER_HD T in0_or_x(const Rows& r, const RowOperand& x, const RowOperand& y, const int64_t* base,
+                    int64_t j) {
+  return r.op == RowOp::LayerNormBackward ? load<T>(y.data, y.type, base[1] + j * y.stride)
+                                          : load<T>(x.data, x.type, base[0] + j * x.stride);
+}
+
 template <class T>
 EMBER_HD void row(const Rows& r, int64_t index) {
-  int64_t base[5] = {0, 0, 0, 0, 0};  // in0, in1, out0, out1, in2
+  int64_t base[6] = {0, 0, 0, 0, 0, 0};  // in0, in1, out0, out1, in2, out2
   int64_t rest = index;
   for (int d = r.outer_ndim - 1; d >= 0; --d) {
     const int64_t i = rest % r.outer_sizes[d];
@@ -94,6 +109,7 @@ EMBER_HD void row(const Rows& r, int64_t index) {
     base[2] += i * r.out[0].outer_strides[d];
     base[3] += i * r.out[1].outer_strides[d];
     base[4] += i * r.in[2].outer_strides[d];
+    base[5] += i * r.out[2].outer_strides[d];
   }
   const int64_t n = r.length;
   const RowOperand &x = r.in[0], &y = r.in[1], &o = r.out[0], &o1 = r.out[1];
@@ -220,6 +236,53 @@ EMBER_HD void row(const Rows& r, int64_t index) {
                 spread = static_cast<T>(eps / static_cast<double>(n));
         for (int64_t j = 0; j < n; ++j)
           put(j, w * (EMBER_ROW_MATH(exp)((in0(j) - m) - l) - spread) - (j == t ? w * keep : T(0)));
+        return;
+      }
+      return;
+    }
+    case RowOp::LayerNorm:
+    case RowOp::LayerNormBackward: {
+      if constexpr (std::is_floating_point_v<T>) {
+        // Moments' corrected two-pass mean and variance (the CPU's layer_norm_forward)
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += static_cast<double>(in0_or_x<T>(r, x, y, base, j));
+        const double mean0 = s / static_cast<double>(n);
+        double sd = 0, sd2 = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const double d = static_cast<double>(in0_or_x<T>(r, x, y, base, j)) - mean0;
+          sd += d, sd2 += d * d;
+        }
+        const double c = sd / static_cast<double>(n);
+        const double var = sd2 / static_cast<double>(n) - c * c;
+        const T mu = static_cast<T>(mean0 + c);
+        const T rs = static_cast<T>(1 / EMBER_ROW_MATH(sqrt)((var > 0 ? var : 0.0) + r.p0));
+        const RowOperand &w = r.op == RowOp::LayerNorm ? y : r.in[2], &b = r.in[2];
+        const int64_t w_base = r.op == RowOp::LayerNorm ? base[1] : base[4];
+        const auto weight = [&](int64_t j) {
+          return w.data != nullptr ? load<T>(w.data, w.type, w_base + j * w.stride) : T(1);
+        };
+        if (r.op == RowOp::LayerNorm) {
+          for (int64_t j = 0; j < n; ++j) {
+            T v = (in0(j) - mu) * rs * weight(j);
+            if (b.data != nullptr) v += load<T>(b.data, b.type, base[4] + j * b.stride);
+            put(j, v);
+          }
+          store<T>(o1.data, o1.type, base[3], mu);
+          const RowOperand& o2 = r.out[2];
+          store<T>(o2.data, o2.type, base[5], rs);
+          return;
+        }
+        // dY is in0, x is in1
+        double sum = 0, dot = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const double d = static_cast<double>(in0(j) * weight(j));
+          sum += d;
+          dot += d * static_cast<double>(in1(j) - mu);
+        }
+        const T mean_dxhat = static_cast<T>(sum / static_cast<double>(n));
+        const T k = static_cast<T>(dot / static_cast<double>(n)) * rs * rs;
+        for (int64_t j = 0; j < n; ++j)
+          put(j, rs * (in0(j) * weight(j) - mean_dxhat - (in1(j) - mu) * k));
         return;
       }
       return;

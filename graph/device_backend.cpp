@@ -110,8 +110,8 @@ void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
                     const std::string& check) {
   namespace kn = cuda::kernels;
   EMBER_CHECK(
-      inputs.size() >= 1 && inputs.size() <= 3 && outputs.size() >= 1 && outputs.size() <= 2,
-      "{}: the row kernel takes one to three inputs and one or two outputs", name);
+      inputs.size() >= 1 && inputs.size() <= 3 && outputs.size() >= 1 && outputs.size() <= 3,
+      "{}: the row kernel takes one to three inputs and outputs", name);
   const Tensor& x = *inputs.begin();
   kn::Rows r;
   r.op = op;
@@ -128,6 +128,7 @@ void rows_on_device(cuda::kernels::RowOp op, DType compute, int64_t dim,
   r.outer_ndim = static_cast<int>(outer.size());
   for (size_t i = 0; i < outer.size(); ++i) r.outer_sizes[i] = x.size(outer[i]);
   const auto operand = [&](const Tensor& t) {
+    if (!t.defined()) return kn::RowOperand();  // an absent operand (null data)
     EMBER_CHECK(t.device() == x.device() && t.shape() == x.shape(),
                 "{}: the row kernel's operands must share one shape and device, got {} on {} "
                 "and {} on {}",

@@ -549,6 +549,17 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
+// A contiguous t seen as the (M, N) table of its rows.
+Tensor table_of(const Tensor& t, int64_t M, int64_t N) {
+  return make_view(t, {M, N}, {N, 1}, t.storage_offset());
+}
+
+// A contiguous (N) parameter seen along every one of M rows (stride 0 across them); undefined
+// stays undefined (the row kernel's absent operand).
+Tensor along_rows(const Tensor& p, int64_t M, int64_t N) {
+  return p.defined() ? make_view(p, {M, N}, {0, 1}, p.storage_offset()) : Tensor();
+}
+
 // y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
 // x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative). Under
 // create_graph the normalisation is recomputed in ops from the input x (the kernel's mean and
@@ -564,8 +575,8 @@ struct LayerNormBackward final : Node {
     save(input_, input), save(weight_input_, weight_input);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled() || !grads[0].device().is_cpu())  // create_graph, a device: in ops
-      return apply_in_ops(grads[0]);
+    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
+    if (!grads[0].device().is_cpu()) return apply_on_device(grads[0]);
     const Tensor g = grads[0].contiguous();
     const Tensor& x = x_.get();
     Tensor grad_x, grad_w, grad_b;
@@ -583,6 +594,26 @@ struct LayerNormBackward final : Node {
                              grad_w.defined() ? grad_w.data<T>() : nullptr,
                              grad_b.defined() ? grad_b.data<T>() : nullptr, M_, N_);
     });
+    return {grad_x, grad_w, grad_b};
+  }
+  // On a device: dX by one row kernel (each row's mean and rstd recomputed there), dW and dB
+  // as sums over the rows in ops, with the forward's mean and rstd.
+  std::vector<Tensor> apply_on_device(const Tensor& dy) {
+    const Tensor g = dy.contiguous(), &x = x_.get(), &w = weight_.get();
+    Tensor grad_x, grad_w, grad_b;
+    if (needs_grad(0)) {
+      grad_x = empty(x.shape(), x.dtype(), x.device());
+      if (M_ > 0 && N_ > 0)
+        rows_on_device(cuda::kernels::RowOp::LayerNormBackward, x.dtype(), 1,
+                       {table_of(g, M_, N_), table_of(x, M_, N_), along_rows(w, M_, N_)},
+                       {table_of(grad_x, M_, N_)}, op(), false, eps_);
+    }
+    if (needs_grad(1)) {
+      const Tensor xhat = mul(sub(table_of(x, M_, N_), make_view(mean_.get(), {M_, 1}, {1, 1}, 0)),
+                              make_view(rstd_.get(), {M_, 1}, {1, 1}, 0));
+      grad_w = reshape(sum(mul(table_of(g, M_, N_), xhat), {0}), input_shapes[1]);
+    }
+    if (needs_grad(2)) grad_b = reshape(sum(table_of(g, M_, N_), {0}), input_shapes[2]);
     return {grad_x, grad_w, grad_b};
   }
   std::vector<Tensor> apply_in_ops(const Tensor& dy) {
@@ -641,21 +672,14 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   Tensor mean = empty({M}, x.dtype(), x.device()), rstd = empty({M}, x.dtype(), x.device());
   if (!x.device().is_cpu()) {
-    // A device: each row's mean and rstd by the row kernel, then the normalisation and the
-    // affine map as elementwise kernels (no graph: the Node below records the op)
-    if (M > 0 && N > 0) {
-      NoGradGuard no_grad;
-      const Tensor table = make_view(xc, {M, N}, {N, 1}, xc.storage_offset());
-      rows_on_device(cuda::kernels::RowOp::Moments, x.dtype(), 1, {table},
-                     {per_row(make_view(mean, {M, 1}, {1, 1}, 0), {M, N}, 1),
+    // A device: one row kernel writes each row's y, mean and rstd (no graph: the Node below
+    // records the op)
+    if (M > 0 && N > 0)
+      rows_on_device(cuda::kernels::RowOp::LayerNorm, x.dtype(), 1,
+                     {table_of(xc, M, N), along_rows(w, M, N), along_rows(b, M, N)},
+                     {table_of(out, M, N), per_row(make_view(mean, {M, 1}, {1, 1}, 0), {M, N}, 1),
                       per_row(make_view(rstd, {M, 1}, {1, 1}, 0), {M, N}, 1)},
                      op, false, eps);
-      Tensor y =
-          mul(sub(table, make_view(mean, {M, 1}, {1, 1}, 0)), make_view(rstd, {M, 1}, {1, 1}, 0));
-      if (w.defined()) y = mul(y, make_view(w, {N}, {1}, w.storage_offset()));
-      if (b.defined()) y = add(y, make_view(b, {N}, {1}, b.storage_offset()));
-      copy_into(make_view(out, {M, N}, {N, 1}, 0), y);
-    }
     return record<LayerNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, k,
                                      eps);
   }

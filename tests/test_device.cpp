@@ -437,6 +437,42 @@ BOOST_AUTO_TEST_CASE(cross_entropy_rows_on_the_device) {
   BOOST_TEST(second.ok, second.message);
 }
 
+// layer_norm on a device is one row kernel forward (y, mean and rstd) and one for dX backward,
+// dW and dB sums over the rows: the CPU's values and gradients over two trailing dims of a
+// transposed input, with and without weight and bias.
+BOOST_AUTO_TEST_CASE(layer_norm_rows_on_the_device) {
+  if (skip_without_gpu()) return;
+  const Tensor x0 = randn({3, 4, 2}, kFloat64).transpose(0, 2);  // (2, 4, 3), not contiguous
+  const Tensor w0 = randn({4, 3}, kFloat64), b0 = randn({4, 3}, kFloat64);
+  for (const bool affine : {true, false}) {
+    BOOST_TEST_CONTEXT((affine ? "weight and bias" : "no weight or bias")) {
+      const auto inputs = [&](const Device& d) {
+        std::vector<Tensor> in = {x0.detach().to(d).requires_grad_()};
+        if (affine) {
+          in.push_back(w0.detach().to(d).requires_grad_());
+          in.push_back(b0.detach().to(d).requires_grad_());
+        }
+        return in;
+      };
+      const auto f = [&](const std::vector<Tensor>& in) {
+        return layer_norm(in[0], {4, 3}, affine ? in[1] : Tensor(), affine ? in[2] : Tensor(),
+                          1e-5);
+      };
+      const std::vector<Tensor> h = inputs(kCPU), d = inputs(kCUDA);
+      const int64_t before = cuda::launch_stats().kernels;
+      const Tensor got = f(d);
+      BOOST_TEST(cuda::launch_stats().kernels - before <= 2);  // x made contiguous, the row kernel
+      const Tensor want = f(h);
+      expect_close(got.cpu(), want, 1e-12, 1e-12, "value");
+      const Tensor up = randn(want.shape(), kFloat64);
+      want.backward(up);
+      got.backward(up.cuda());
+      for (size_t i = 0; i < h.size(); ++i)
+        expect_close(d[i].grad().cpu(), h[i].grad(), 1e-10, 1e-12, fmt::format("gradient {}", i));
+    }
+  }
+}
+
 // SGD (momentum, Nesterov, weight decay), Adam and AdamW, and clip_grad_norm_ on device
 // parameters: the CPU's values step by step.
 BOOST_AUTO_TEST_CASE(optimizers_on_the_device) {
