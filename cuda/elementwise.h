@@ -86,6 +86,7 @@ enum class Op : int32_t {
   TanhBackward,       // a (1 - b²)
   SigmoidBackward,    // a b (1 - b)
   ThresholdBackward,  // a unless b <= 0
+  DropoutScale,       // a p0 where b (a keep mask), else a 0 (a NaN stays NaN, as the CPU's)
   // ternary: out = f(a, b, c)
   Where,          // a ? b : c
   AffineProduct,  // a b (p0 c + p1)
@@ -403,6 +404,8 @@ EMBER_HD T apply(Op op, T a, T b, T c, double p0, double p1) {
         return a / b;
       case Op::TanhBackward:
         return a * (T(1) - b * b);
+      case Op::DropoutScale:
+        return a * (b != T(0) ? static_cast<T>(p0) : T(0));
       case Op::SigmoidBackward:
         return a * b * (T(1) - b);
       case Op::AffineProduct:

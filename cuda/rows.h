@@ -37,6 +37,11 @@ enum class RowOp : int32_t {
   // mean(dxhat) - (x - mean) rstd² mean(dxhat (x - mean))), dxhat = dY weight, the row's mean
   // and rstd recomputed from x
   LayerNormBackward,
+  // Along a column of the (M, N) tables (the rows here are the N columns, each of length M):
+  // in0 = dY, in1 = x, in2 = the forward's mean (one per table row; its rstd stored M elements
+  // after it, the two in one (2, M) buffer): out0 = dW = Σ dY (x - mean) rstd, out1 = dB = Σ dY
+  // (one per column; either absent when null)
+  LayerNormParams,
 };
 
 struct RowOperand {
@@ -284,6 +289,22 @@ EMBER_HD void row(const Rows& r, int64_t index) {
         for (int64_t j = 0; j < n; ++j)
           put(j, rs * (in0(j) * weight(j) - mean_dxhat - (in1(j) - mu) * k));
         return;
+      }
+      return;
+    }
+    case RowOp::LayerNormParams: {
+      if constexpr (std::is_floating_point_v<T>) {
+        const RowOperand& stats = r.in[2];
+        double dw = 0, db = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t at = base[4] + j * stats.stride;
+          const T mu = load<T>(stats.data, stats.type, at);
+          const T rs = load<T>(stats.data, stats.type, at + n);
+          dw += static_cast<double>(in0(j) * ((in1(j) - mu) * rs));
+          db += static_cast<double>(in0(j));
+        }
+        if (o.data != nullptr) put(0, static_cast<T>(dw));
+        if (o1.data != nullptr) store<T>(o1.data, o1.type, base[3], static_cast<T>(db));
       }
       return;
     }

@@ -549,6 +549,11 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
+// A contiguous (M) t seen as an (M, 1) column.
+Tensor column_of(const Tensor& t) {
+  return make_view(t, {t.numel(), 1}, {1, 1}, t.storage_offset());
+}
+
 // A contiguous t seen as the (M, N) table of its rows.
 Tensor table_of(const Tensor& t, int64_t M, int64_t N) {
   return make_view(t, {M, N}, {N, 1}, t.storage_offset());
@@ -608,12 +613,24 @@ struct LayerNormBackward final : Node {
                        {table_of(g, M_, N_), table_of(x, M_, N_), along_rows(w, M_, N_)},
                        {table_of(grad_x, M_, N_)}, op(), false, eps_);
     }
-    if (needs_grad(1)) {
-      const Tensor xhat = mul(sub(table_of(x, M_, N_), make_view(mean_.get(), {M_, 1}, {1, 1}, 0)),
-                              make_view(rstd_.get(), {M_, 1}, {1, 1}, 0));
-      grad_w = reshape(sum(mul(table_of(g, M_, N_), xhat), {0}), input_shapes[1]);
+    const auto make = [&](const Shape& s) {
+      return M_ == 0 ? zeros(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device());
+    };
+    if (needs_grad(1)) grad_w = make(input_shapes[1]);
+    if (needs_grad(2)) grad_b = make(input_shapes[2]);
+    if ((grad_w.defined() || grad_b.defined()) && M_ > 0 && N_ > 0) {
+      // one column of the tables a row of LayerNormParams (along dim 0)
+      const auto per_column = [&](const Tensor& t) {
+        return t.defined()
+                   ? per_row(make_view(t, {1, N_}, {N_, 1}, t.storage_offset()), {M_, N_}, 0)
+                   : Tensor();
+      };
+      const Tensor& mean = mean_.get();
+      rows_on_device(cuda::kernels::RowOp::LayerNormParams, x.dtype(), 0,
+                     {table_of(g, M_, N_), table_of(x, M_, N_),
+                      make_view(mean, {M_, N_}, {1, 0}, mean.storage_offset())},
+                     {per_column(grad_w), per_column(grad_b)}, op());
     }
-    if (needs_grad(2)) grad_b = reshape(sum(table_of(g, M_, N_), {0}), input_shapes[2]);
     return {grad_x, grad_w, grad_b};
   }
   std::vector<Tensor> apply_in_ops(const Tensor& dy) {
@@ -670,15 +687,18 @@ Tensor layer_norm(const Tensor& x, Shape normalized_shape, const Tensor& weight,
   const int64_t N = shape_numel(normalized_shape), M = N == 0 ? 0 : x.numel() / N;
   const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  Tensor mean = empty({M}, x.dtype(), x.device()), rstd = empty({M}, x.dtype(), x.device());
+  // mean and rstd in one (2, M) buffer: a device's LayerNormParams kernel reads both from mean's
+  // address
+  const Tensor stats = empty({2, M}, x.dtype(), x.device());
+  const Tensor mean = stats.select(0, 0), rstd = stats.select(0, 1);
   if (!x.device().is_cpu()) {
     // A device: one row kernel writes each row's y, mean and rstd (no graph: the Node below
     // records the op)
     if (M > 0 && N > 0)
       rows_on_device(cuda::kernels::RowOp::LayerNorm, x.dtype(), 1,
                      {table_of(xc, M, N), along_rows(w, M, N), along_rows(b, M, N)},
-                     {table_of(out, M, N), per_row(make_view(mean, {M, 1}, {1, 1}, 0), {M, N}, 1),
-                      per_row(make_view(rstd, {M, 1}, {1, 1}, 0), {M, N}, 1)},
+                     {table_of(out, M, N), per_row(column_of(mean), {M, N}, 1),
+                      per_row(column_of(rstd), {M, N}, 1)},
                      op, false, eps);
     return record<LayerNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, k,
                                      eps);
@@ -786,9 +806,14 @@ Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_vie
 struct DropoutBackward final : Node {
   DropoutBackward(Tensor keep, double scale) : keep_(std::move(keep)), scale_(scale) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled() || !grads[0].device().is_cpu()) {  // create_graph, a device: in ops
-      const Tensor& dy = grads[0];
+    const Tensor& dy = grads[0];
+    if (is_grad_enabled())  // create_graph: in ops
       return {mul(dy, mul(as_type(keep_, dy.dtype()), scale_).view(dy.shape()))};
+    if (!dy.device().is_cpu()) {  // a device: one elementwise kernel
+      Tensor dx = empty(dy.shape(), dy.dtype(), dy.device());
+      elementwise_on_device(dx, cuda::kernels::Op::DropoutScale, dy.dtype(),
+                            {dy, keep_.view(dy.shape())}, op(), scale_);
+      return {dx};
     }
     const Tensor g = grads[0].contiguous();
     Tensor dx = empty(g.shape(), g.dtype(), g.device());
@@ -826,17 +851,16 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (p == 1) return mul(x, 0.0);  // all dropped, as torch (x * 0: a NaN stays NaN); no 1 / 0
   const DropoutMask mask = dropout_mask(p);
   if (!x.device().is_cpu()) {
-    // A device: the same mask from the same key (cuda/random.h), then x * mask * scale
+    // A device: the same mask from the same key (cuda/random.h), then x * mask * scale in one
+    // elementwise kernel
     const Tensor keep = empty({x.numel()}, kBool, x.device());
     cuda::kernels::DropoutMask m;
     m.key = mask.key, m.threshold = mask.threshold, m.n = x.numel();
     m.keep = static_cast<bool*>(keep.data_bytes());
     cuda::detail::launch_dropout_mask(m, x.device(), op);
-    Tensor out;
-    {
-      NoGradGuard no_grad;  // the Node below records dropout
-      out = mul(x, mul(keep.view(x.shape()).to(x.dtype()), mask.scale));
-    }
+    Tensor out = empty(x.shape(), x.dtype(), x.device());
+    elementwise_on_device(out, cuda::kernels::Op::DropoutScale, x.dtype(),
+                          {x, keep.view(x.shape())}, op, mask.scale);
     return record<DropoutBackward>(op, out, {x}, keep, mask.scale);
   }
   // The mask only where a backward will read it (where record makes the node).
