@@ -17,6 +17,7 @@
 #include "graph/caching_allocator.h"
 #include "graph/random.h"
 #include "helpers.h"
+#include "train/checkpoint.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -644,6 +645,49 @@ BOOST_AUTO_TEST_CASE(lbfgs_on_the_device) {
             {zeros({2}).requires_grad_(), zeros({2}, kFloat32, Device("cuda")).requires_grad_()});
       },
       {"LBFGS:", "parameter 1 is on cuda:0", "parameter 0 on cpu", "one device"});
+}
+
+// A training checkpoint (model, Adam's moments and step counts, a schedule, the generator)
+// written by a CPU run loads onto a device model and optimizer, and one written on the device
+// loads back onto the CPU: either way the resumed run takes the uninterrupted run's steps.
+BOOST_AUTO_TEST_CASE(checkpoints_move_between_devices) {
+  if (skip_without_gpu()) return;
+  const fs::path file = fs::temp_directory_path() / "ember_test_device_checkpoint.safetensors";
+  const Tensor x = randn({6, 3}), y = randn({6, 2});
+  // a Linear made on the host (the same weights for the same seed), moved to d, and its Adam
+  struct Run {
+    static std::shared_ptr<nn::Linear> on(const Device& d) {
+      auto m = std::make_shared<nn::Linear>(3, 2);
+      m->to(d);
+      return m;
+    }
+    explicit Run(const Device& d) : model(on(d)), opt(model->parameters(), {.lr = 0.05}) {}
+    std::shared_ptr<nn::Linear> model;
+    optim::Adam opt;
+  };
+  const auto step = [&](Run& r) {
+    const Device d = r.model->weight.device();
+    r.opt.zero_grad();
+    mse_loss(r.model->forward(x.to(d)), y.to(d)).backward();
+    r.opt.step();
+  };
+  for (const bool from_cpu : {true, false}) {
+    BOOST_TEST_CONTEXT((from_cpu ? "CPU -> device" : "device -> CPU")) {
+      manual_seed(11);
+      Run straight(kCPU);
+      manual_seed(11);
+      Run first(from_cpu ? kCPU : kCUDA);
+      for (int i = 0; i < 3; ++i) step(straight), step(first);
+      save_checkpoint(file.string(), *first.model, first.opt);
+      Run resumed(from_cpu ? kCUDA : kCPU);
+      load_checkpoint(file.string(), *resumed.model, resumed.opt);
+      BOOST_TEST(resumed.model->weight.is_cuda() == from_cpu);
+      for (int i = 0; i < 3; ++i) step(straight), step(resumed);
+      expect_close(resumed.model->weight.cpu(), straight.model->weight, 1e-5, 1e-6, "weight");
+      expect_close(resumed.model->bias.cpu(), straight.model->bias, 1e-5, 1e-6, "bias");
+    }
+  }
+  fs::remove(file);
 }
 
 // The copy task (examples/copy_task.h) trained for 20 steps on a device and on the CPU from the
