@@ -10,7 +10,8 @@
 #                               # device tool's carry: ["gpu-bundle.tar.xz"], it is ignored): the
 #                               # machine (nvidia-smi, the processor), the CUDA suite
 #                               # (DEVICE_TESTS below), the copy task trained with --device cuda,
-#                               # char_lm's ms/iter against PyTorch's on the same GPU, and the
+#                               # char_lm's ms/iter against PyTorch's on the same GPU (Float32,
+#                               # bfloat16 products/autocast, torch.compile), and the
 #                               # transformer steps A, B, C against PyTorch eager (Float32 and
 #                               # bfloat16) and torch.compile, step C against its products alone,
 #                               # with cudaMalloc and host-wait counts (bench/gpu_summary.py), to
@@ -81,11 +82,17 @@ run)
   # char_lm's iteration (nanoGPT's CPU config), Ember and PyTorch on the same GPU, ms/iter from
   # each side's metrics.json; the evaluations are left out of both timings
   LM="--iters ${LM_ITERS:-300} --eval-interval 100000 --eval-iters 1 --log-every 100"
-  "$BIN/char_lm" --device cuda --data "$BIN/fortunes" $LM --sample 20 \
-    --out "$OUT/char_lm_ember" >"$OUT/char_lm_ember.log" 2>&1 || status=1
-  python3 bench/pytorch/char_lm.py --device cuda --data "$BIN/fortunes" $LM \
-    --out "$OUT/char_lm_torch" >"$OUT/char_lm_torch.log" 2>&1 || status=1
-  for side in ember torch; do
+  # each side in Float32 and with bfloat16 products (Ember's medium precision, torch.autocast),
+  # and torch.compile's Float32
+  for run in "ember:" "ember_bf16:--matmul-precision medium"; do
+    "$BIN/char_lm" --device cuda --data "$BIN/fortunes" $LM --sample 20 ${run#*:} \
+      --out "$OUT/char_lm_${run%%:*}" >"$OUT/char_lm_${run%%:*}.log" 2>&1 || status=1
+  done
+  for run in "torch:" "torch_autocast:--autocast" "torch_compile:--compile"; do
+    python3 bench/pytorch/char_lm.py --device cuda --data "$BIN/fortunes" $LM ${run#*:} \
+      --out "$OUT/char_lm_${run%%:*}" >"$OUT/char_lm_${run%%:*}.log" 2>&1 || status=1
+  done
+  for side in ember ember_bf16 torch torch_autocast torch_compile; do
     python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print(sys.argv[2], "ms/iter",
       round(m["ms_per_iter"], 3), "val", m["val_loss"][-1])' \
       "$OUT/char_lm_$side/metrics.json" "$side" 2>/dev/null || echo "$side: no metrics"
