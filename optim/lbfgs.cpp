@@ -30,10 +30,11 @@ namespace {
 // on the parameters' device and L-BFGS runs wherever they are; a scalar comes back to the host
 // (a synchronisation on a GPU) only where the algorithm branches on it, as torch's .item()s.
 
-// a · b, in T (torch's a.dot(b)).
+// a · b, in T (torch's a.dot(b)): a product and a sum, not matmul, which "medium" matmul
+// precision would round to bfloat16 (torch's dot is not a matrix product either).
 template <class T>
 T dot(const Tensor& a, const Tensor& b) {
-  return matmul(a, b).template item<T>();
+  return sum(mul(a, b)).template item<T>();
 }
 
 // max_j |scale · v_j| (torch's v.mul(scale).abs().max()); 0 for an empty vector.

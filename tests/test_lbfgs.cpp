@@ -191,6 +191,31 @@ BOOST_AUTO_TEST_CASE(float32_follows_float64) {
   for (const double v : params[0].to_vector<double>()) BOOST_TEST(std::isfinite(v));
 }
 
+BOOST_AUTO_TEST_CASE(float32_ignores_matmul_precision) {
+  // L-BFGS's own arithmetic (dot products, directions) is not a matrix product: "medium" matmul
+  // precision, which rounds Float32 products' operands to bfloat16, leaves its iterates on a
+  // loss with no product (Σ w (p - c)², 70,000 parameters: a dot product that long is a BLAS
+  // product on the CPU, always one on a GPU) exactly as at "highest" (a check where the CPU has
+  // bfloat16 products; elsewhere "medium" changes nothing anyway).
+  manual_seed(3);
+  const Tensor w = rand({70000}) + 0.5, c = randn({70000}), p0 = randn({70000});
+  const auto run = [&](const std::string& precision) {
+    set_float32_matmul_precision(precision);
+    const Tensor p = p0.clone().requires_grad_();
+    LBFGS opt({p}, {.history_size = 5, .line_search_fn = "strong_wolfe"});
+    opt.step([&] {
+      opt.zero_grad();
+      Tensor loss = (w * (p - c) * (p - c)).sum();
+      loss.backward();
+      return loss;
+    });
+    set_float32_matmul_precision("highest");
+    return p.detach();
+  };
+  const Tensor highest = run("highest"), medium = run("medium");
+  expect_close(medium, highest, 0, 0, "the iterates at medium and highest precision");
+}
+
 BOOST_AUTO_TEST_CASE(converged_returns_after_one_evaluation) {
   // A zero gradient meets tolerance_grad at once: one evaluation, no iteration, no move; the
   // state holds the counters only (as torch's).
