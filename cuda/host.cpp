@@ -75,18 +75,8 @@ int optim_on_host(const OptimStep& s, void*) {
 }  // namespace
 
 const Table& host_table() {
-  static const Table table = [] {
-    Table t;
-    t.fill = fill_on_host;
-    t.elementwise = elementwise_on_host;
-    t.sum = sum_on_host;
-    t.gemm = gemm_on_host;
-    t.rows = rows_on_host;
-    t.index = index_on_host;
-    t.dropout_mask = dropout_mask_on_host;
-    t.optim = optim_on_host;
-    return t;
-  }();
+  static const Table table{fill_on_host, elementwise_on_host, sum_on_host,          gemm_on_host,
+                           rows_on_host, index_on_host,       dropout_mask_on_host, optim_on_host};
   return table;
 }
 

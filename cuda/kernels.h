@@ -25,6 +25,8 @@ inline constexpr int kUnsupported = -1;
 // cuBLAS's status s comes back as kCublasError + s (cuda/gemm.cu).
 inline constexpr int kCublasError = 100000;
 
+// Each side fills it in the members' order (cuda/host.cpp, cuda/table.cu): every member has its
+// own argument type, so an entry in the wrong place does not compile.
 struct Table {
   // data[i] = pattern for i in [0, n): elements of element_size bytes (1, 2, 4 or 8), each the
   // low element_size bytes of `pattern` (a value's bits as the host laid them out).

@@ -4,18 +4,9 @@
 namespace ember::cuda::kernels {
 
 const Table& device_table() {
-  static const Table table = [] {
-    Table t;
-    t.fill = fill_on_device;
-    t.elementwise = elementwise_on_device;
-    t.sum = sum_on_device;
-    t.gemm = gemm_on_device;
-    t.rows = rows_on_device;
-    t.index = index_on_device;
-    t.dropout_mask = dropout_mask_on_device;
-    t.optim = optim_on_device;
-    return t;
-  }();
+  static const Table table{fill_on_device,         elementwise_on_device, sum_on_device,
+                           gemm_on_device,         rows_on_device,        index_on_device,
+                           dropout_mask_on_device, optim_on_device};
   return table;
 }
 

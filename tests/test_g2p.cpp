@@ -115,6 +115,33 @@ int run_g2p(const std::string& args, const std::filesystem::path& dir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// What the short-config runs below share: a check for the dictionary (absent: one line, and the
+// test skips), a fresh directory for their files (removed at the end), the configuration, and
+// expect_ok.
+struct ShortRuns {
+  static constexpr const char* kConfig =
+      "--limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 --d-ff 64 --heads 2 "
+      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
+  static bool dictionary_absent() {
+    if (std::filesystem::exists(g2p::kDefaultDict)) return false;
+    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
+    return true;
+  }
+  explicit ShortRuns(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() /
+            fmt::format("ember_g2p_{}_{}", name, ::getpid())) {
+    std::filesystem::create_directories(dir);
+  }
+  ~ShortRuns() { std::filesystem::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  // Each run's status is read before its stderr: a message argument is evaluated eagerly.
+  void expect_ok(const std::string& args) const {
+    const int status = run_g2p(args, dir);
+    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
+  }
+  std::filesystem::path dir;
+};
+
 BOOST_AUTO_TEST_CASE(example_trains_on_a_slice_and_predicts) {
   if (!std::filesystem::exists(g2p::kDefaultDict)) {
     BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
@@ -163,22 +190,11 @@ BOOST_AUTO_TEST_CASE(example_trains_on_a_slice_and_predicts) {
 // A run stopped twice (mid-epoch, by --max-steps) and resumed ends with the same losses, WERs,
 // model bytes and predictions as the same run never stopped.
 BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
-  if (!std::filesystem::exists(g2p::kDefaultDict)) {
-    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
-    return;
-  }
-  const auto dir =
-      std::filesystem::temp_directory_path() / fmt::format("ember_g2p_resume_{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  const std::string config =
-      "--limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 --d-ff 64 --heads 2 "
-      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
-  const std::string a = (dir / "a").string(), b = (dir / "b").string();
-  // Each run's status is read before its stderr: a message argument is evaluated eagerly.
-  const auto expect_ok = [&](const std::string& args) {
-    const int status = run_g2p(args, dir);
-    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
-  };
+  if (ShortRuns::dictionary_absent()) return;
+  const ShortRuns runs("resume");
+  const std::filesystem::path& dir = runs.dir;
+  const std::string config = ShortRuns::kConfig, a = runs.path("a"), b = runs.path("b");
+  const auto expect_ok = [&](const std::string& args) { runs.expect_ok(args); };
   expect_ok(fmt::format("{} --out '{}'", config, a));
   expect_ok(fmt::format("{} --out '{}' --max-steps 9 --checkpoint-every 4", config, b));
   BOOST_TEST(read_text(dir / "stdout").find("continue with --resume") != std::string::npos);
@@ -204,7 +220,6 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
   BOOST_TEST(run_g2p(fmt::format("--out '{}' --resume '{}'", a, b), dir) == 2);
   BOOST_TEST(read_text(dir / "stderr").find("not the resumed run's directory") !=
              std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 // --device cuda on the emulated device (Note [Host emulation of a GPU]): the CPU run's losses (to
@@ -212,22 +227,12 @@ BOOST_AUTO_TEST_CASE(a_resumed_run_is_bit_identical) {
 // training carry the difference, 3e-5 in the AVX2 build), and a run stopped on the CPU goes on
 // on the device (its checkpoint loads onto the model's device).
 BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
-  if (!std::filesystem::exists(g2p::kDefaultDict)) {
-    BOOST_TEST_MESSAGE("skipped: " << g2p::kDefaultDict << " is absent (make deps installs it)");
-    return;
-  }
-  const auto dir =
-      std::filesystem::temp_directory_path() / fmt::format("ember_g2p_device_{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  const std::string config =
-      "--limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 --d-ff 64 --heads 2 "
-      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
-  const std::string cpu = (dir / "cpu").string(), gpu = (dir / "gpu").string(),
-                    moved = (dir / "moved").string();
-  const auto expect_ok = [&](const std::string& args) {
-    const int status = run_g2p(args, dir);
-    BOOST_TEST_REQUIRE(status == 0, args << ": " << read_text(dir / "stderr"));
-  };
+  if (ShortRuns::dictionary_absent()) return;
+  const ShortRuns runs("device");
+  const std::filesystem::path& dir = runs.dir;
+  const std::string config = ShortRuns::kConfig, cpu = runs.path("cpu"), gpu = runs.path("gpu"),
+                    moved = runs.path("moved");
+  const auto expect_ok = [&](const std::string& args) { runs.expect_ok(args); };
   expect_ok(fmt::format("{} --out '{}'", config, cpu));
   expect_ok(fmt::format("{} --out '{}' --max-steps 9", config, moved));
   ::setenv("EMBER_CUDA_EMULATE", "1", 1);  // the children's device
@@ -248,7 +253,6 @@ BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
     for (size_t i = 0; i < wer.size(); ++i)  // a word or two may decode apart
       BOOST_TEST(std::abs(wer[i] - cpu_wer[i]) <= 0.05, run << " dev WER " << i);
   }
-  std::filesystem::remove_all(dir);
 }
 #endif
 
