@@ -185,6 +185,7 @@ void link(const std::shared_ptr<Node>& node, const Tensor* begin, const Tensor* 
   }
   node->num_outputs = static_cast<uint32_t>(num_outputs);
   for (uint32_t nr = 0; nr < num_outputs; ++nr) {
+    if (!outputs[nr]->defined()) continue;  // an output not computed: no gradient flows to it
     TensorImpl* out = outputs[nr]->impl();
     out->requires_grad = true;
     out->grad_fn = node;

@@ -203,7 +203,8 @@ Tensor record(std::string_view op, Tensor out, const std::vector<Tensor>& inputs
   return out;
 }
 // As record, for ops with several outputs (max's values and indices: only values get a grad_fn
-// when indices is left out).
+// when indices is left out). An undefined output (one not computed) keeps its number; no
+// gradient reaches the Node for it.
 template <class N, class... Args>
 void record(std::string_view op, std::initializer_list<Tensor*> outputs,
             std::initializer_list<Tensor> inputs, Args&&... args) {

@@ -803,17 +803,90 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+// linear_backward's Node: inputs dY (..., out), x (..., in), W (out, in); outputs dX = dY W,
+// dW = dYᵀ X, dB = Σ_rows dY; cotangents cX, cW, cB:
+//   gdY = cX Wᵀ + X cWᵀ + cB,   gX = dY cW,   gW = dYᵀ cX
+// four products on the rows, each straight into its result in a row-major layout (gdY's second
+// product and cB added in place), on any device. Under create_graph the same in matmul ops.
+struct LinearGradBackward final : Node {
+  LinearGradBackward(const Tensor& dy, const Tensor& x, const Tensor& weight) {
+    save(dy_, dy), save(x_, x), save(weight_, weight);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor &cx = grads[0], &cw = grads[1], &cb = grads[2];
+    const int64_t out = input_shapes[0].back();
+    if (is_grad_enabled()) return apply_in_ops(cx, cw, cb, out);
+    const Tensor dy = rows_of(dy_.get());  // (N, out)
+    Tensor gdy, gx, gw;
+    if (needs_grad(0) && (cx.defined() || cw.defined() || cb.defined())) {
+      gdy = empty(input_shapes[0], dy.dtype(), dy.device());
+      Tensor rows = make_view(gdy, {dy.size(0), out}, {out, 1}, 0);
+      bool written = false;
+      if (cx.defined()) gemm(rows_of(cx), mT(weight_.get()), rows), written = true;
+      if (cw.defined())
+        gemm(rows_of(x_.get()), mT(cw), rows, 1.0, written ? 1.0 : 0.0), written = true;
+      if (cb.defined()) {
+        NoGradGuard no_grad;
+        if (written)
+          rows.add_(cb);
+        else
+          copy_into(rows, cb);
+      }
+    }
+    if (needs_grad(1) && cw.defined()) {
+      gx = empty(input_shapes[1], dy.dtype(), dy.device());
+      gemm(dy, cw, make_view(gx, {dy.size(0), cw.size(1)}, {cw.size(1), 1}, 0));
+    }
+    if (needs_grad(2) && cx.defined()) {
+      gw = empty(input_shapes[2], dy.dtype(), dy.device());
+      gemm(mT(dy), rows_of(cx), gw);
+    }
+    return {gdy, gx, gw};
+  }
+  std::vector<Tensor> apply_in_ops(const Tensor& cx, const Tensor& cw, const Tensor& cb,
+                                   int64_t out) {
+    const Tensor dy = reshape(dy_.get(), {-1, out});
+    const int64_t in = input_shapes[2][1];
+    Tensor gdy, gx, gw;
+    if (needs_grad(0)) {
+      const auto plus = [&](const Tensor& t) { gdy = gdy.defined() ? add(gdy, t) : t; };
+      if (cx.defined()) plus(matmul(reshape(cx, {-1, in}), transpose(weight_.get(), 0, 1)));
+      if (cw.defined()) plus(matmul(reshape(x_.get(), {-1, in}), transpose(cw, 0, 1)));
+      if (cb.defined()) plus(gdy.defined() ? cb : expand(cb, dy.shape()));
+      if (gdy.defined()) gdy = reshape(gdy, input_shapes[0]);
+    }
+    if (needs_grad(1) && cw.defined()) gx = reshape(matmul(dy, cw), input_shapes[1]);
+    if (needs_grad(2) && cx.defined()) gw = matmul(transpose(dy, 0, 1), reshape(cx, {-1, in}));
+    return {gdy, gx, gw};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor dy_, x_, weight_;
+};
+
 // y = x · Wᵀ + b over rows, x (N, in) (its leading dims flattened), W (out, in), b (out):
 //   dX = dY · W,   dW = dYᵀ · X,   db = Σ_rows dY
-// Each is one gemm (or one reduction) over all N rows at once.
+// Each is one gemm (or one reduction) over all N rows at once. Under create_graph the same,
+// recorded as the op linear_backward of (dY, x, W), whose derivative is LinearGradBackward.
 struct LinearBackward final : Node {
   LinearBackward(const Tensor& x, const Tensor& x_rows, const Tensor& weight) {
     if (weight.requires_grad()) save(x_rows_, x_rows), save(x_, x);
     if (x.requires_grad()) save(weight_, weight);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) return apply_in_ops(grads[0]);
-    const Tensor g = rows_of(grads[0]);  // (N, out)
+    if (!is_grad_enabled()) return by_kernels(grads[0]);
+    // create_graph: the same products, recorded as linear_backward of (dY, x, W)
+    std::vector<Tensor> out;
+    {
+      NoGradGuard no_grad;
+      out = by_kernels(grads[0]);
+    }
+    const Tensor x = x_.get(), w = weight_.get();
+    record<LinearGradBackward>("linear_backward", {&out[0], &out[1], &out[2]}, {grads[0], x, w},
+                               grads[0], x, w);
+    return out;
+  }
+  std::vector<Tensor> by_kernels(const Tensor& grad) {
+    const Tensor g = rows_of(grad);  // (N, out)
     Tensor grad_x, grad_w, grad_b;
     if (needs_grad(0)) {
       // dX = dY · W
@@ -827,16 +900,6 @@ struct LinearBackward final : Node {
       gemm(mT(g), x_rows_.get(), grad_w);
     }
     // db = Σ_rows dY
-    if (needs_grad(2)) grad_b = sum(g, {0});
-    return {grad_x, grad_w, grad_b};
-  }
-  // The same in ops, under create_graph.
-  std::vector<Tensor> apply_in_ops(const Tensor& grad_out) {
-    const int64_t out = input_shapes[1][0], in = input_shapes[1][1];
-    const Tensor g = reshape(grad_out, {-1, out});
-    Tensor grad_x, grad_w, grad_b;
-    if (needs_grad(0)) grad_x = reshape(matmul(g, weight_.get()), input_shapes[0]);
-    if (needs_grad(1)) grad_w = matmul(transpose(g, 0, 1), reshape(x_.get(), {-1, in}));
     if (needs_grad(2)) grad_b = sum(g, {0});
     return {grad_x, grad_w, grad_b};
   }

@@ -565,12 +565,157 @@ Tensor along_rows(const Tensor& p, int64_t M, int64_t N) {
   return p.defined() ? make_view(p, {M, N}, {0, 1}, p.storage_offset()) : Tensor();
 }
 
+// The derivative of layer_norm_backward (dX, dW, dB from dY, x, weight) given cotangents cX, cW,
+// cB (any may be absent), per row with xhat = (x - mean) rstd, g = dY weight, a = mean(g),
+// b = mean(g xhat), p = mean(cX), q = mean(cX xhat), N the row's length:
+//   c_g    = rstd (cX - p - xhat q)                 (dX is symmetric in g and cX)
+//   c_xhat = -rstd (b cX + g q) + cW dY
+//   c_rstd = Σ cX (g - a - xhat b)                   (dX = rstd · that)
+//   gdY = c_g weight + cW xhat + cB,   gW = Σ_rows c_g dY
+//   gx  = rstd (c_xhat - mean(c_xhat) - xhat mean(c_xhat xhat)) - c_rstd rstd² xhat / N
+// the last term rstd's own dependence on x (d rstd / dx = -rstd² xhat / N). Kernel: one pass per
+// sum over a row in T, gW summed per thread in double; weight null means ones.
+template <class T>
+void layer_norm_double_backward(const T* dy, const T* x, const T* weight, const T* mean,
+                                const T* rstd, const T* cx, const T* cw, const T* cb, T* gdy, T* gx,
+                                T* gw, int64_t M, int64_t N) {
+  const bool parallel = M > 1 && M * N >= costly_grain();
+  const int max_threads = parallel ? get_num_threads() : 1;
+  std::vector<double> partial(gw ? N * max_threads : 0, 0.0);
+  const T inv_n = T(1) / static_cast<T>(N);
+  parallel_region(max_threads, [&](int64_t t, int64_t threads) {
+    std::vector<T> xh(N), g(N), cxh(N);
+    double* pw = gw ? partial.data() + N * t : nullptr;
+    for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
+      const T *dyr = dy + r * N, *xr = x + r * N;
+      const T *cxr = cx ? cx + r * N : nullptr, mu = mean[r], rs = rstd[r];
+      T sum_g = 0, sum_gx = 0;
+      for (int64_t j = 0; j < N; ++j) {
+        xh[j] = (xr[j] - mu) * rs;
+        g[j] = weight ? dyr[j] * weight[j] : dyr[j];
+        sum_g += g[j];
+        sum_gx += g[j] * xh[j];
+      }
+      const T a = sum_g * inv_n, b = sum_gx * inv_n;
+      T p = 0, q = 0, c_rstd = 0;
+      if (cxr) {
+        for (int64_t j = 0; j < N; ++j) {
+          p += cxr[j];
+          q += cxr[j] * xh[j];
+          c_rstd += cxr[j] * (g[j] - a - xh[j] * b);
+        }
+        p *= inv_n, q *= inv_n;
+      }
+      T sum_c = 0, sum_cx = 0;
+      T* gdyr = gdy ? gdy + r * N : nullptr;
+      for (int64_t j = 0; j < N; ++j) {
+        const T cg = cxr ? rs * (cxr[j] - p - xh[j] * q) : T(0);
+        T c = cxr ? -rs * (b * cxr[j] + g[j] * q) : T(0);
+        if (cw) c += cw[j] * dyr[j];
+        cxh[j] = c;
+        sum_c += c;
+        sum_cx += c * xh[j];
+        if (gdyr)
+          gdyr[j] =
+              (weight ? cg * weight[j] : cg) + (cw ? cw[j] * xh[j] : T(0)) + (cb ? cb[j] : T(0));
+        if (pw) pw[j] += static_cast<double>(cg * dyr[j]);
+      }
+      if (gx) {
+        const T m1 = sum_c * inv_n, m2 = sum_cx * inv_n, k = c_rstd * rs * rs * inv_n;
+        T* gxr = gx + r * N;
+        for (int64_t j = 0; j < N; ++j) gxr[j] = rs * (cxh[j] - m1 - xh[j] * m2) - k * xh[j];
+      }
+    }
+  });
+  if (!gw) return;
+  for (int64_t j = 0; j < N; ++j) {
+    double sum = 0;
+    for (int t = 0; t < max_threads; ++t) sum += partial[N * t + j];
+    gw[j] = static_cast<T>(sum);
+  }
+}
+
+// layer_norm_backward's Node: inputs dY, x, weight; outputs dX, dW, dB. On the CPU without
+// create_graph, layer_norm_double_backward; else the same formulas in ops, xhat and rstd
+// recomputed from x (so that they can be differentiated once more, and on any device).
+struct LayerNormGradBackward final : Node {
+  LayerNormGradBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& xc,
+                        const Tensor& wc, const Tensor& mean, const Tensor& rstd, int64_t k,
+                        double eps)
+      : M_(mean.numel()), N_(M_ == 0 ? 0 : xc.numel() / M_), k_(k), eps_(eps) {
+    save(dy_, dy), save(x_, x), save(weight_, weight);
+    save(xc_, xc), save(wc_, wc), save(mean_, mean), save(rstd_, rstd);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (is_grad_enabled() || !xc_.get().device().is_cpu()) return apply_in_ops(grads);
+    const Tensor dy = contiguous_data(dy_.get()), &x = xc_.get(), &w = wc_.get();
+    const auto data = [](const Tensor& t) { return t.defined() ? t.contiguous() : t; };
+    const Tensor cx = data(grads[0]), cw = data(grads[1]), cb = data(grads[2]);
+    Tensor gdy, gx, gw;
+    if (needs_grad(0)) gdy = empty(input_shapes[0], dy.dtype(), dy.device());
+    if (needs_grad(1)) gx = empty(input_shapes[1], dy.dtype(), dy.device());
+    if (needs_grad(2)) gw = zeros(input_shapes[2], dy.dtype(), dy.device());
+    if (M_ == 0 || N_ == 0) return {gdy, gx, gw};
+    dispatch_float(dy.dtype(), op(), [&]<class T>() {
+      const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+      layer_norm_double_backward<T>(dy.data<T>(), x.data<T>(), ptr(w), mean_.get().data<T>(),
+                                    rstd_.get().data<T>(), ptr(cx), ptr(cw), ptr(cb), ptr(gdy),
+                                    ptr(gx), ptr(gw), M_, N_);
+    });
+    return {gdy, gx, gw};
+  }
+  std::vector<Tensor> apply_in_ops(const std::vector<Tensor>& grads) {
+    const Tensor dy = dy_.get(), x = x_.get(), w = weight_.get();
+    const Tensor &cx = grads[0], &cw = grads[1], &cb = grads[2];
+    std::vector<int64_t> dims;
+    for (int64_t d = x.dim() - k_; d < x.dim(); ++d) dims.push_back(d);
+    const Tensor centred = sub(x, mean(x, dims, true));
+    const Tensor rstd = pow(add(mean(mul(centred, centred), dims, true), eps_), -0.5);
+    const Tensor xhat = mul(centred, rstd);
+    const Tensor g = w.defined() ? mul(dy, w) : dy;
+    Tensor c_g, c_xhat, c_rstd;
+    if (cx.defined()) {
+      const Tensor p = mean(cx, dims, true), q = mean(mul(cx, xhat), dims, true);
+      const Tensor b = mean(mul(g, xhat), dims, true);
+      c_g = mul(rstd, sub(sub(cx, p), mul(xhat, q)));
+      c_xhat = neg(mul(rstd, add(mul(b, cx), mul(g, q))));
+      c_rstd = sum(mul(cx, sub(sub(g, mean(g, dims, true)), mul(xhat, b))), dims, true);
+    }
+    if (cw.defined()) {
+      const Tensor from_w = mul(cw, dy);
+      c_xhat = c_xhat.defined() ? add(c_xhat, from_w) : from_w;
+    }
+    Tensor gdy, gx, gw;
+    if (needs_grad(0)) {
+      gdy = c_g.defined() ? (w.defined() ? mul(c_g, w) : c_g) : zeros_like(dy);
+      if (cw.defined()) gdy = add(gdy, mul(cw, xhat));
+      if (cb.defined()) gdy = add(gdy, cb);
+    }
+    if (needs_grad(1) && (c_xhat.defined() || c_rstd.defined())) {
+      gx = c_xhat.defined() ? mul(rstd, sub(sub(c_xhat, mean(c_xhat, dims, true)),
+                                            mul(xhat, mean(mul(c_xhat, xhat), dims, true))))
+                            : zeros_like(x);
+      if (c_rstd.defined()) {
+        const double n = static_cast<double>(N_ == 0 ? 1 : N_);
+        gx = sub(gx, mul(div(mul(c_rstd, mul(rstd, rstd)), n), xhat));
+      }
+    }
+    if (needs_grad(2) && c_g.defined()) gw = sum_to(mul(c_g, dy), input_shapes[2]);
+    return {gdy, gx, gw};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t M_, N_, k_;
+  double eps_;
+  SavedTensor dy_, x_, weight_;        // the op's inputs
+  SavedTensor xc_, wc_, mean_, rstd_;  // the forward kernel's data
+};
+
 // y = (x - mean) * rstd * weight + bias over the trailing N elements of each of M rows; saves
-// x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative). Under
-// create_graph the normalisation is recomputed in ops from the input x (the kernel's mean and
-// rstd are data), over its k trailing dims:
+// x, weight and the per-row mean and rstd (see layer_norm_backward for the derivative):
 //   xhat = (x - mean(x)) / sqrt(mean((x - mean(x))²) + eps),  dxhat = dY * weight
 //   dX = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),  dW = Σ dY xhat,  dB = Σ dY
+// Under create_graph the same kernels run, recorded as the op layer_norm_backward (inputs dY, x,
+// weight; torch's native_layer_norm_backward), whose own derivative is LayerNormGradBackward.
 struct LayerNormBackward final : Node {
   LayerNormBackward(const Tensor& input, const Tensor& weight_input, const Tensor& x,
                     const Tensor& weight, const Tensor& mean, const Tensor& rstd, int64_t k,
@@ -580,9 +725,22 @@ struct LayerNormBackward final : Node {
     save(input_, input), save(weight_input_, weight_input);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
-    if (!grads[0].device().is_cpu()) return apply_on_device(grads[0]);
-    const Tensor g = grads[0].contiguous();
+    if (!is_grad_enabled()) return by_kernels(grads[0]);
+    // create_graph: the kernels' values, recorded as layer_norm_backward of (dY, x, weight)
+    std::vector<Tensor> out;
+    {
+      NoGradGuard no_grad;
+      out = by_kernels(grads[0]);
+    }
+    const Tensor x = input_.get(), w = weight_input_.get();
+    record<LayerNormGradBackward>("layer_norm_backward", {&out[0], &out[1], &out[2]},
+                                  {grads[0], x, w}, grads[0], x, w, x_.get(), weight_.get(),
+                                  mean_.get(), rstd_.get(), k_, eps_);
+    return out;
+  }
+  std::vector<Tensor> by_kernels(const Tensor& dy) {
+    if (!dy.device().is_cpu()) return apply_on_device(dy);
+    const Tensor g = dy.contiguous();
     const Tensor& x = x_.get();
     Tensor grad_x, grad_w, grad_b;
     if (needs_grad(0)) grad_x = empty(x.shape(), x.dtype(), x.device());
@@ -633,28 +791,11 @@ struct LayerNormBackward final : Node {
     }
     return {grad_x, grad_w, grad_b};
   }
-  std::vector<Tensor> apply_in_ops(const Tensor& dy) {
-    const Tensor &x = input_.get(), w = weight_input_.get();
-    std::vector<int64_t> dims;
-    for (int64_t d = x.dim() - k_; d < x.dim(); ++d) dims.push_back(d);
-    const Tensor centred = sub(x, mean(x, dims, true));
-    const Tensor rstd = pow(add(mean(mul(centred, centred), dims, true), eps_), -0.5);
-    const Tensor xhat = mul(centred, rstd);
-    Tensor grad_x, grad_w, grad_b;
-    if (needs_grad(0)) {
-      const Tensor dxhat = w.defined() ? mul(dy, w) : dy;
-      grad_x = mul(rstd, sub(sub(dxhat, mean(dxhat, dims, true)),
-                             mul(xhat, mean(mul(dxhat, xhat), dims, true))));
-    }
-    if (needs_grad(1)) grad_w = sum_to(mul(dy, xhat), input_shapes[1]);
-    if (needs_grad(2)) grad_b = sum_to(dy, input_shapes[2]);
-    return {grad_x, grad_w, grad_b};
-  }
   bool differentiable_backward() const override { return true; }
   int64_t M_, N_, k_;
   double eps_;
   SavedTensor x_, weight_, mean_, rstd_;  // the kernel's: contiguous data
-  SavedTensor input_, weight_input_;      // the op's inputs, for the backward in ops
+  SavedTensor input_, weight_input_;      // the op's inputs, for layer_norm_backward's graph
 };
 
 void check_affine(const Tensor& x, const Tensor& p, const Shape& normalized_shape,
@@ -802,20 +943,27 @@ Tensor apply_dropout_mask(const Tensor& x, const DropoutMask& m, std::string_vie
 }
 
 // y = x * mask * scale:  dX = dY * mask * scale, the forward's mask read back (Note [Dropout
-// masks]); under create_graph a product with the mask as a constant tensor.
+// masks]). Under create_graph the same kernel, recorded as the op dropout_backward of dY, whose
+// derivative is this Node again (dX is dY through the same mask: linear in dY).
 struct DropoutBackward final : Node {
   DropoutBackward(Tensor keep, double scale) : keep_(std::move(keep)), scale_(scale) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor& dy = grads[0];
-    if (is_grad_enabled())  // create_graph: in ops
-      return {mul(dy, mul(as_type(keep_, dy.dtype()), scale_).view(dy.shape()))};
+    if (!is_grad_enabled()) return {masked(grads[0])};
+    Tensor dx;
+    {
+      NoGradGuard no_grad;
+      dx = masked(grads[0]);
+    }
+    return {record<DropoutBackward>("dropout_backward", dx, {grads[0]}, keep_, scale_)};
+  }
+  Tensor masked(const Tensor& dy) const {
     if (!dy.device().is_cpu()) {  // a device: one elementwise kernel
       Tensor dx = empty(dy.shape(), dy.dtype(), dy.device());
       elementwise_on_device(dx, cuda::kernels::Op::DropoutScale, dy.dtype(),
                             {dy, keep_.view(dy.shape())}, op(), scale_);
-      return {dx};
+      return dx;
     }
-    const Tensor g = grads[0].contiguous();
+    const Tensor g = dy.contiguous();
     Tensor dx = empty(g.shape(), g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       const T* pg = g.data<T>();
@@ -832,7 +980,7 @@ struct DropoutBackward final : Node {
         for (int64_t i = begin; i < end; ++i) ys[i] = gs[i] * (ks[i] != 0 ? sc : T(0));
       });
     });
-    return {dx};
+    return dx;
   }
   bool differentiable_backward() const override { return true; }
   Tensor keep_;  // Bool, one element for each of x's, contiguous
@@ -1538,9 +1686,90 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
   }
 }
 
-// Note [Head attention]; inputs q, k, v. Under create_graph P is recomputed in ops from q and k
-// (the kernel's P is data), the heads split as (B, h, T, d_k) views, and the formulas of the Note
-// follow in ops.
+// head_attention_backward's Node (Note [Head attention]): inputs q, k, v and dO, outputs dQ, dK,
+// dV, all (B, T, D); cotangents cQ, cK, cV. Per head, with S = Q Kᵀ / √d_k (masked), P =
+// softmax(S), D the dropout factor (mask · scale, or 1), P_d = P D, dP = (dO Vᵀ) D,
+// r = rowsum(dP P), dS = P (dP - r) / √d_k (0 where masked), dQ = dS K, dK = dSᵀ Q, dV = P_dᵀ dO:
+//   c_dS = cQ Kᵀ + Q cKᵀ (0 where masked),  u = c_dS / √d_k,  ru = rowsum(u P)
+//   gQ  = dS cK + c_S K,   gK = dSᵀ cQ + c_Sᵀ Q
+//   c_dP = P (u - ru),  gdO = (c_dP D) V + P_d cV,  gV = (c_dP D)ᵀ dO
+//   c_P = u (dP - r) - ru dP + (dO cVᵀ) D,  c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked)
+// in batched products over the (B, h, T, d_k) views. P is the forward kernel's data, or under
+// create_graph recomputed in ops from q and k, so that it can be differentiated once more.
+struct HeadAttentionGradBackward final : Node {
+  HeadAttentionGradBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                            const Tensor& p, Tensor keep, AttentionDropout dropout, Heads heads)
+      : keep_(std::move(keep)), dropout_(dropout), heads_(heads) {
+    save(q_, q), save(k_, k), save(v_, v), save(dout_, dout), save(p_, p);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Heads& g = heads_;
+    const auto split = [&](const Tensor& t) {  // (B, T, D) -> (B, h, T, d_k)
+      return transpose(reshape(t, {g.B, t.size(1), g.h, g.dk}), 1, 2);
+    };
+    const auto merge = [&](const Tensor& t) {  // (B, h, T, d_k) -> (B, T, D)
+      return t.defined() ? reshape(transpose(t, 1, 2), {g.B, t.size(2), g.D}) : t;
+    };
+    const auto mT = [](const Tensor& t) { return transpose(t, -2, -1); };
+    const auto plus = [](Tensor& acc, const Tensor& t) { acc = acc.defined() ? add(acc, t) : t; };
+    const Tensor q = split(q_.get()), k = split(k_.get()), v = split(v_.get());
+    const Tensor d_o = split(dout_.get());
+    const double div_by = std::sqrt(static_cast<double>(g.dk));
+    const Tensor left_out = keep_.defined() ? unsqueeze(logical_not(keep_), 1) : Tensor();
+    const auto masked = [&](const Tensor& t) {
+      return left_out.defined() ? masked_fill(t, left_out, 0.0) : t;
+    };
+    Tensor p = p_.get();
+    if (is_grad_enabled()) {  // create_graph: P as a function of q and k
+      Tensor s = div(matmul(q, mT(k)), div_by);
+      if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
+      p = softmax(s, -1);
+    }
+    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
+    const Tensor dp = dropped(matmul(d_o, mT(v)));
+    const Tensor r = sum(mul(dp, p), {-1}, true);
+    Tensor gq, gk, gv, gdo, c_ds, c_p;
+    if (grads[0].defined() || grads[1].defined()) {
+      const Tensor ds = masked(div(mul(p, sub(dp, r)), div_by));
+      if (grads[0].defined()) {
+        const Tensor cq = split(grads[0]);
+        plus(c_ds, matmul(cq, mT(k)));
+        if (needs_grad(1)) plus(gk, matmul(mT(ds), cq));
+      }
+      if (grads[1].defined()) {
+        const Tensor ck = split(grads[1]);
+        plus(c_ds, matmul(q, mT(ck)));
+        if (needs_grad(0)) plus(gq, matmul(ds, ck));
+      }
+      const Tensor u = div(masked(c_ds), div_by);
+      const Tensor ru = sum(mul(u, p), {-1}, true);
+      c_p = sub(mul(u, sub(dp, r)), mul(ru, dp));
+      const Tensor c_dpd = dropped(mul(p, sub(u, ru)));
+      if (needs_grad(3)) plus(gdo, matmul(c_dpd, v));
+      if (needs_grad(2)) plus(gv, matmul(mT(c_dpd), d_o));
+    }
+    if (grads[2].defined()) {
+      const Tensor cv = split(grads[2]);
+      if (needs_grad(3)) plus(gdo, matmul(dropped(p), cv));
+      plus(c_p, dropped(matmul(d_o, mT(cv))));
+    }
+    if (c_p.defined() && (needs_grad(0) || needs_grad(1))) {
+      const Tensor c_s = div(masked(mul(p, sub(c_p, sum(mul(c_p, p), {-1}, true)))), div_by);
+      if (needs_grad(0)) plus(gq, matmul(c_s, k));
+      if (needs_grad(1)) plus(gk, matmul(mT(c_s), q));
+    }
+    return {merge(gq), merge(gk), merge(gv), merge(gdo)};
+  }
+  bool differentiable_backward() const override { return true; }
+  Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
+  AttentionDropout dropout_;
+  Heads heads_;
+  SavedTensor q_, k_, v_, dout_, p_;
+};
+
+// Note [Head attention]; inputs q, k, v. Under create_graph the same kernels, recorded as the op
+// head_attention_backward of (q, k, v, dO), whose derivative is HeadAttentionGradBackward.
 struct HeadAttentionBackward final : Node {
   HeadAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p,
                         const Tensor& pd, Tensor keep, AttentionDropout dropout, Heads heads)
@@ -1548,8 +1777,21 @@ struct HeadAttentionBackward final : Node {
     save(q_, q), save(k_, k), save(v_, v), save(p_, p), save(pd_, pd);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    if (is_grad_enabled()) return apply_in_ops(grads[0]);  // create_graph
-    const Tensor dout = grads[0].contiguous();
+    if (!is_grad_enabled()) return by_kernels(grads[0]);
+    // create_graph: the kernels' values, recorded as head_attention_backward of (q, k, v, dO)
+    std::vector<Tensor> out;
+    {
+      NoGradGuard no_grad;
+      out = by_kernels(grads[0]);
+    }
+    const Tensor q = q_.get(), k = k_.get(), v = v_.get();
+    record<HeadAttentionGradBackward>("head_attention_backward", {&out[0], &out[1], &out[2]},
+                                      {q, k, v, grads[0]}, q, k, v, grads[0], p_.get(), keep_,
+                                      dropout_, heads_);
+    return out;
+  }
+  std::vector<Tensor> by_kernels(const Tensor& grad) {
+    const Tensor dout = grad.contiguous();
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get(), &pd = pd_.get();
     const Heads& g = heads_;
     Tensor dq = needs_grad(0) ? empty(q.shape(), q.dtype(), q.device()) : Tensor();
@@ -1575,32 +1817,6 @@ struct HeadAttentionBackward final : Node {
       dp = apply_attention_dropout(dp, dropout_, op());
       over_heads(g, scores);
     });
-    return {dq, dk, dv};
-  }
-  std::vector<Tensor> apply_in_ops(const Tensor& dout) {
-    const Heads& g = heads_;
-    const auto split = [&](const Tensor& t) {  // (B, T, D) -> (B, h, T, d_k)
-      return transpose(reshape(t, {g.B, t.size(1), g.h, g.dk}), 1, 2);
-    };
-    const auto merge = [&](const Tensor& t) {  // (B, h, T, d_k) -> (B, T, D)
-      return reshape(transpose(t, 1, 2), {g.B, t.size(2), g.D});
-    };
-    const Tensor q = split(q_.get()), k = split(k_.get()), v = split(v_.get()), d_o = split(dout);
-    const double div_by = std::sqrt(static_cast<double>(g.dk));
-    const Tensor left_out = keep_.defined() ? unsqueeze(logical_not(keep_), 1) : Tensor();
-    Tensor s = div(matmul(q, transpose(k, -2, -1)), div_by);
-    if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
-    const Tensor p = softmax(s, -1);
-    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
-    const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
-    Tensor dq, dk, dv;
-    if (needs_grad(2)) dv = merge(matmul(transpose(dropped(p), -2, -1), d_o));
-    if (!needs_grad(0) && !needs_grad(1)) return {dq, dk, dv};
-    const Tensor dp = dropped(matmul(d_o, transpose(v, -2, -1)));
-    Tensor ds = div(mul(p, sub(dp, sum(mul(dp, p), {-1}, true))), div_by);
-    if (left_out.defined()) ds = masked_fill(ds, left_out, 0.0);
-    if (needs_grad(0)) dq = merge(matmul(ds, k));
-    if (needs_grad(1)) dk = merge(matmul(transpose(ds, -2, -1), q));
     return {dq, dk, dv};
   }
   bool differentiable_backward() const override { return true; }

@@ -401,6 +401,33 @@ BOOST_AUTO_TEST_CASE(gradcheck_on_the_device) {
   BOOST_TEST(!bad.ok);
 }
 
+// linear's, layer_norm's and dropout's backwards recorded under create_graph (linear_backward,
+// layer_norm_backward, dropout_backward) differentiate on the device: gradgradcheck there, and
+// the second derivative of a small network equals the CPU's.
+BOOST_AUTO_TEST_CASE(fused_backward_ops_differentiate_on_the_device) {
+  if (skip_without_gpu()) return;
+  const auto f = [](const std::vector<Tensor>& in) {
+    manual_seed(9);  // the same dropout mask at every evaluation
+    const Tensor h = layer_norm(linear(in[0], in[1], in[2]), {3}, in[3], Tensor());
+    return dropout(tanh(h), 0.25, true) * in[0].sum();
+  };
+  std::vector<Tensor> host, device;
+  for (const Shape& shape : std::vector<Shape>{{2, 4}, {3, 4}, {3}, {3}}) {
+    const Tensor t = randn(shape, kFloat64);
+    host.push_back(t.detach().requires_grad_());
+    device.push_back(t.cuda().requires_grad_());
+  }
+  const GradcheckResult second = gradgradcheck(f, device);
+  BOOST_TEST(second.ok, second.message);
+  const auto hessian_row = [&](const std::vector<Tensor>& in) {
+    const Tensor g = autograd::grad({f(in).sum()}, {in[0]}, {}, std::nullopt, true)[0];
+    return autograd::grad({(g * g).sum()}, in);
+  };
+  const std::vector<Tensor> want = hessian_row(host), got = hessian_row(device);
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i].cpu(), want[i], 1e-10, 1e-12, fmt::format("input {}", i));
+}
+
 // cross_entropy on a device is one row kernel forward and one backward (Note [Cross-entropy on
 // a device]): the CPU's values and gradients on (N, C, D) logits (a transposed view) with ignored
 // targets and label smoothing, every reduction; two launches for the first-order pair beyond the

@@ -291,6 +291,76 @@ BOOST_AUTO_TEST_CASE(fused_derivatives_to_fourth_order) {
   BOOST_TEST(nth(relu(x) * x, 2).abs().sum().item<double>() == 4.0);
 }
 
+// linear, layer_norm, dropout and head_attention differentiate under create_graph through one
+// fused op each (linear_backward, layer_norm_backward, dropout_backward, head_attention_backward)
+// whose own backward is raw products and kernels, or, under create_graph again, the same formulas
+// in ops. Both give the same second derivatives; the ops' differentiate once more (a third
+// derivative, by gradgradcheck of the second).
+BOOST_AUTO_TEST_CASE(fused_backward_ops_to_third_order) {
+  manual_seed(11);
+  const Tensor keep = rand({2, 3, 4}, kFloat64) > 0.3;
+  struct Case {
+    std::string name;
+    Fn f;
+    std::vector<Tensor> inputs;
+  };
+  const std::vector<Case> cases = {
+      {"linear",
+       [](const auto& v) { return tanh(linear(v[0], v[1], v[2])); },
+       {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})}},
+      {"linear of a transposed input, no bias",
+       [](const auto& v) { return linear(v[0], v[1]) * linear(v[0], v[1]); },
+       {transposed_leaf({3, 4}), leaf({2, 4})}},
+      {"layer_norm",
+       [](const auto& v) { return layer_norm(v[0], {4}, v[1], v[2]) * v[0]; },
+       {leaf({3, 4}), leaf({4}), leaf({4})}},
+      {"layer_norm 2-D normalized_shape, no affine",
+       [](const auto& v) {
+         return tanh(layer_norm(v[0], {2, 3}, {}, {}, 1e-3));
+       },
+       {transposed_leaf({4, 2, 3})}},
+      {"dropout",
+       [](const auto& v) {
+         manual_seed(5);
+         return dropout(v[0] * v[0], 0.4, true);
+       },
+       {leaf({3, 5})}},
+      {"head_attention with keep",
+       [&](const auto& v) {
+         return tanh(head_attention(v[0], v[1].permute({2, 1, 0}), v[2], 2, keep).values);
+       },
+       {leaf({2, 3, 6}), leaf({6, 4, 2}), leaf({2, 4, 6})}},
+      {"head_attention with dropout",
+       [](const auto& v) {
+         manual_seed(3);
+         return head_attention(v[0], v[1], v[2], 3, Tensor(), 0.3).values * v[0];
+       },
+       {leaf({2, 3, 6}), leaf({2, 3, 6}), leaf({2, 3, 6})}},
+  };
+  for (const Case& c : cases) {
+    std::vector<Tensor> up;
+    for (const Tensor& in : c.inputs) up.push_back(randn(in.shape(), kFloat64));
+    // x -> the gradient of Σ f'(x)·up, with or without create_graph, flattened into one tensor
+    const auto second = [&](const std::vector<Tensor>& in, bool create_graph) {
+      GradModeScope grad_mode(true);
+      const std::vector<Tensor> d =
+          autograd::grad({c.f(in).sum()}, in, {}, std::nullopt, true, true);
+      Tensor s = zeros({}, kFloat64);
+      for (size_t i = 0; i < in.size(); ++i)
+        if (d[i].defined()) s = s + (d[i] * up[i]).sum();
+      const std::vector<Tensor> dd = autograd::grad({s}, in, {}, std::nullopt, create_graph, true);
+      std::vector<Tensor> flat;
+      for (size_t i = 0; i < in.size(); ++i)
+        flat.push_back((dd[i].defined() ? dd[i] : zeros_like(in[i])).reshape({-1}));
+      return cat(flat, 0);
+    };
+    expect_close(second(c.inputs, true), second(c.inputs, false), 1e-10, 1e-12,
+                 c.name + ": second derivatives in ops and by kernels");
+    check_gradgrad([&](const std::vector<Tensor>& in) { return second(in, true); }, c.inputs,
+                   c.name + ": third derivatives");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(div_of_mixed_dtypes) {
   const Tensor a = tensor({1.0, 2.0}).requires_grad_();
   const Tensor b = tensor({4.0, 8.0}, kFloat64).requires_grad_();
