@@ -574,7 +574,8 @@ Tensor along_rows(const Tensor& p, int64_t M, int64_t N) {
 //   gdY = c_g weight + cW xhat + cB,   gW = Σ_rows c_g dY
 //   gx  = rstd (c_xhat - mean(c_xhat) - xhat mean(c_xhat xhat)) - c_rstd rstd² xhat / N
 // the last term rstd's own dependence on x (d rstd / dx = -rstd² xhat / N). Kernel: one pass per
-// sum over a row in T, gW summed per thread in double; weight null means ones.
+// sum over a row in T, gW summed in T over blocks of 32 rows, then per thread in double (as
+// layer_norm_backward); a null weight means ones, a null cotangent zeros.
 template <class T>
 void layer_norm_double_backward(const T* dy, const T* x, const T* weight, const T* mean,
                                 const T* rstd, const T* cx, const T* cw, const T* cb, T* gdy, T* gx,
@@ -582,50 +583,67 @@ void layer_norm_double_backward(const T* dy, const T* x, const T* weight, const 
   const bool parallel = M > 1 && M * N >= costly_grain();
   const int max_threads = parallel ? get_num_threads() : 1;
   std::vector<double> partial(gw ? N * max_threads : 0, 0.0);
+  // Absent operands as rows of ones or zeros, so that every loop below is branch-free.
+  const std::vector<T> ones(weight ? 0 : N, T(1)), zero(N, T(0));
+  const T* w = weight ? weight : ones.data();
+  const T *cwp = cw ? cw : zero.data(), *cbp = cb ? cb : zero.data();
   const T inv_n = T(1) / static_cast<T>(N);
   parallel_region(max_threads, [&](int64_t t, int64_t threads) {
-    std::vector<T> xh(N), g(N), cxh(N);
-    double* pw = gw ? partial.data() + N * t : nullptr;
+    // Locals: GCC 12 reloads the closure's pointers after every store in the simd loops (a float
+    // store could alias them) and gathers through them.
+    const T *const w_ = w, *const cw_ = cwp, *const cb_ = cbp, *const zero_ = zero.data();
+    double* const partial_ = partial.data();
+    // per row: xhat, g, c_xhat, and gdY where it is not wanted; gW's sum over a block of rows
+    std::vector<T> scratch(5 * N, T(0));
+    T *xh = scratch.data(), *g = xh + N, *cxh = g + N, *no_gdy = cxh + N, *block = no_gdy + N;
+    constexpr int kBlockRows = 32;
+    int rows_in_block = 0;
+    const auto flush = [&] {
+      double* pw = partial_ + N * t;
+      for (int64_t j = 0; j < N; ++j) pw[j] += static_cast<double>(block[j]), block[j] = T(0);
+      rows_in_block = 0;
+    };
     for (int64_t r = M * t / threads; r < M * (t + 1) / threads; ++r) {
-      const T *dyr = dy + r * N, *xr = x + r * N;
-      const T *cxr = cx ? cx + r * N : nullptr, mu = mean[r], rs = rstd[r];
+      const T *dyr = dy + r * N, *xr = x + r * N, *cxr = cx ? cx + r * N : zero_;
+      const T mu = mean[r], rs = rstd[r];
       T sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
       for (int64_t j = 0; j < N; ++j) {
         xh[j] = (xr[j] - mu) * rs;
-        g[j] = weight ? dyr[j] * weight[j] : dyr[j];
+        g[j] = dyr[j] * w_[j];
         sum_g += g[j];
         sum_gx += g[j] * xh[j];
       }
       const T a = sum_g * inv_n, b = sum_gx * inv_n;
       T p = 0, q = 0, c_rstd = 0;
-      if (cxr) {
-        for (int64_t j = 0; j < N; ++j) {
-          p += cxr[j];
-          q += cxr[j] * xh[j];
-          c_rstd += cxr[j] * (g[j] - a - xh[j] * b);
-        }
-        p *= inv_n, q *= inv_n;
-      }
-      T sum_c = 0, sum_cx = 0;
-      T* gdyr = gdy ? gdy + r * N : nullptr;
+#pragma omp simd reduction(+ : p, q, c_rstd)
       for (int64_t j = 0; j < N; ++j) {
-        const T cg = cxr ? rs * (cxr[j] - p - xh[j] * q) : T(0);
-        T c = cxr ? -rs * (b * cxr[j] + g[j] * q) : T(0);
-        if (cw) c += cw[j] * dyr[j];
+        p += cxr[j];
+        q += cxr[j] * xh[j];
+        c_rstd += cxr[j] * (g[j] - a - xh[j] * b);
+      }
+      p *= inv_n, q *= inv_n;
+      T sum_c = 0, sum_cx = 0;
+      T* gdyr = gdy ? gdy + r * N : no_gdy;
+#pragma omp simd reduction(+ : sum_c, sum_cx)
+      for (int64_t j = 0; j < N; ++j) {
+        const T cg = rs * (cxr[j] - p - xh[j] * q);
+        const T c = cw_[j] * dyr[j] - rs * (b * cxr[j] + g[j] * q);
         cxh[j] = c;
         sum_c += c;
         sum_cx += c * xh[j];
-        if (gdyr)
-          gdyr[j] =
-              (weight ? cg * weight[j] : cg) + (cw ? cw[j] * xh[j] : T(0)) + (cb ? cb[j] : T(0));
-        if (pw) pw[j] += static_cast<double>(cg * dyr[j]);
+        gdyr[j] = cg * w_[j] + cw_[j] * xh[j] + cb_[j];
+        block[j] += cg * dyr[j];
       }
+      if (gw && ++rows_in_block == kBlockRows) flush();
       if (gx) {
         const T m1 = sum_c * inv_n, m2 = sum_cx * inv_n, k = c_rstd * rs * rs * inv_n;
         T* gxr = gx + r * N;
+#pragma omp simd
         for (int64_t j = 0; j < N; ++j) gxr[j] = rs * (cxh[j] - m1 - xh[j] * m2) - k * xh[j];
       }
     }
+    if (gw && rows_in_block > 0) flush();
   });
   if (!gw) return;
   for (int64_t j = 0; j < N; ++j) {
@@ -1686,6 +1704,173 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
   }
 }
 
+// The pointers of head_attention_backward's derivative (HeadAttentionGradBackward): inputs q, k,
+// v, dO (B, T, D), P (B, h, Tq, Tk), the keep mask (B, Tq, Tk) and the dropout factor (as P) or
+// null; cotangents cQ, cK, cV or null; results gQ, gK, gV, gdO (zeros on entry) or null.
+template <class T>
+struct HeadGradGrad {
+  const T *q, *k, *v, *dout, *p, *drop, *cq, *ck, *cv;
+  const bool* keep;
+  T *gq, *gk, *gv, *gdo;
+};
+
+// The three shapes of a head's products, for the short rows of attention (Tq, Tk of tens, d_k
+// of a few vectors), in lanes along a contiguous row with the sums in registers (no packing, no
+// dispatch, no store reloaded in the loop): C (m, n) = A Bᵀ (+ C when accumulate) with A (m, kd)
+// and B (n, kd), B first transposed into bt (kd, n rounded up to whole vectors, zero-padded);
+// C (m, kd) += A B with A (m, n) row-major and B (n, kd); C (n, kd) += Aᵀ B with A (m, n) and
+// B (m, kd).
+template <class T>
+void head_abt(int64_t m, int64_t n, int64_t kd, const T* a, int64_t lda, const T* b, int64_t ldb,
+              T* c, bool accumulate, std::vector<T>& bt) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  constexpr int64_t W = L::kWidth;
+  const int64_t np = (n + W - 1) / W * W;
+  bt.assign(static_cast<size_t>(kd * np), T(0));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t l = 0; l < kd; ++l) bt[l * np + j] = b[j * ldb + l];
+  for (int64_t i = 0; i < m; ++i) {
+    const T* ai = a + i * lda;
+    T* ci = c + i * n;
+    for (int64_t j0 = 0; j0 < n; j0 += W) {
+      V acc{};
+      for (int64_t l = 0; l < kd; ++l) acc += ai[l] * L::load(bt.data() + l * np + j0);
+      T out[W];
+      std::memcpy(out, &acc, sizeof acc);
+      for (int64_t j = j0; j < std::min(n, j0 + W); ++j)
+        ci[j] = accumulate ? ci[j] + out[j - j0] : out[j - j0];
+    }
+  }
+}
+// C (rows, kd) += Σ_j A(row, j) B_j: rows of B (ldb apart) weighted by A's entries (a_at(row, j)).
+template <class T, class A>
+void head_weighted_rows(int64_t rows, int64_t n, int64_t kd, A a_at, const T* b, int64_t ldb, T* c,
+                        int64_t ldc) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  constexpr int64_t W = L::kWidth;
+  for (int64_t i = 0; i < rows; ++i) {
+    T* ci = c + i * ldc;
+    int64_t l = 0;
+    for (; l + W <= kd; l += W) {
+      V acc = L::load(ci + l);
+      for (int64_t j = 0; j < n; ++j) acc += a_at(i, j) * L::load(b + j * ldb + l);
+      std::memcpy(ci + l, &acc, sizeof acc);
+    }
+    for (; l < kd; ++l) {
+      T acc = ci[l];
+      for (int64_t j = 0; j < n; ++j) acc += a_at(i, j) * b[j * ldb + l];
+      ci[l] = acc;
+    }
+  }
+}
+template <class T>
+void head_ab(int64_t m, int64_t n, int64_t kd, const T* a, const T* b, int64_t ldb, T* c,
+             int64_t ldc) {
+  head_weighted_rows<T>(
+      m, n, kd, [a, n](int64_t i, int64_t j) { return a[i * n + j]; }, b, ldb, c, ldc);
+}
+template <class T>
+void head_atb(int64_t m, int64_t n, int64_t kd, const T* a, const T* b, int64_t ldb, T* c,
+              int64_t ldc) {
+  head_weighted_rows<T>(
+      n, m, kd, [a, n](int64_t j, int64_t i) { return a[i * n + j]; }, b, ldb, c, ldc);
+}
+
+// HeadAttentionGradBackward's formulas for heads [begin, end), each head's products on its blocks
+// (head_abt, head_ab, head_atb) and its (Tq, Tk) intermediates in a scratch of six tables.
+template <class T>
+void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int64_t end) {
+  const int64_t tt = g.Tq * g.Tk, D = g.D, Tq = g.Tq, Tk = g.Tk, dk = g.dk;
+  const T inv_div = T(1) / static_cast<T>(std::sqrt(static_cast<double>(dk)));
+  std::vector<T> scratch(6 * tt + 2 * Tq), bt;  // bt: head_abt's transposed B
+  T *dp = scratch.data(), *ds = dp + tt, *u = ds + tt, *cp = u + tt, *cdpd = cp + tt,
+    *tmp = cdpd + tt;
+  T *r = tmp + tt, *ru = r + Tq;
+  const auto row_dots = [&](const T* x, const T* y, T* out) {  // Σ_j x_ij y_ij for each row i
+    for (int64_t i = 0; i < Tq; ++i) {
+      T acc = 0;
+      for (int64_t j = 0; j < Tk; ++j) acc += x[i * Tk + j] * y[i * Tk + j];
+      out[i] = acc;
+    }
+  };
+  for (int64_t n = begin; n < end; ++n) {
+    const T* ph = a.p + n * tt;
+    const T* dh = a.drop ? a.drop + n * tt : nullptr;
+    const bool* kb = a.keep ? a.keep + (n / g.h) * tt : nullptr;
+    const T *qh = g.block(a.q, n, Tq), *kh = g.block(a.k, n, Tk), *vh = g.block(a.v, n, Tk);
+    const T* doh = g.block(a.dout, n, Tq);
+    const auto mask = [&](T* x) {  // 0 where a key is left out
+      if (kb != nullptr)
+        for (int64_t e = 0; e < tt; ++e) x[e] = kb[e] ? x[e] : T(0);
+    };
+    // out = P (x - rowsum(x P)) / √d_k, 0 where masked (the softmax's and the scaling's backward)
+    const auto softmax_back = [&](const T* x, T* out) {
+      for (int64_t i = 0; i < Tq; ++i) {
+        const T *xi = x + i * Tk, *pi = ph + i * Tk;
+        T dot = 0;
+        for (int64_t j = 0; j < Tk; ++j) dot += xi[j] * pi[j];
+        T* oi = out + i * Tk;
+        for (int64_t j = 0; j < Tk; ++j) oi[j] = pi[j] * (xi[j] - dot) * inv_div;
+      }
+      mask(out);
+    };
+    // dP = (dO Vᵀ) D, r = rowsum(dP P), dS = P (dP - r) / √d_k (0 where masked)
+    head_abt<T>(Tq, Tk, dk, doh, D, vh, D, dp, false, bt);
+    if (dh)
+      for (int64_t e = 0; e < tt; ++e) dp[e] *= dh[e];
+    row_dots(dp, ph, r);
+    softmax_back(dp, ds);
+    std::fill(cp, cp + tt, T(0));
+    if (a.cq || a.ck) {
+      // c_dS = cQ Kᵀ + Q cKᵀ; gK += dSᵀ cQ, gQ += dS cK
+      if (a.cq) {
+        const T* cqh = g.block(a.cq, n, Tq);
+        head_abt<T>(Tq, Tk, dk, cqh, D, kh, D, u, false, bt);
+        if (a.gk) head_atb<T>(Tq, Tk, dk, ds, cqh, D, g.block(a.gk, n, Tk), D);
+      }
+      if (a.ck) {
+        const T* ckh = g.block(a.ck, n, Tk);
+        head_abt<T>(Tq, Tk, dk, qh, D, ckh, D, u, a.cq != nullptr, bt);
+        if (a.gq) head_ab<T>(Tq, Tk, dk, ds, ckh, D, g.block(a.gq, n, Tq), D);
+      }
+      // u = c_dS / √d_k (0 where masked), ru = rowsum(u P); c_P = u (dP - r) - ru dP,
+      // c_dPd = P (u - ru) D
+      for (int64_t e = 0; e < tt; ++e) u[e] *= inv_div;
+      mask(u);
+      row_dots(u, ph, ru);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const T ri = r[i], rui = ru[i];
+        for (int64_t e = i * Tk; e < (i + 1) * Tk; ++e) {
+          cp[e] = u[e] * (dp[e] - ri) - rui * dp[e];
+          cdpd[e] = ph[e] * (u[e] - rui);
+        }
+      }
+      if (dh)
+        for (int64_t e = 0; e < tt; ++e) cdpd[e] *= dh[e];
+      // gdO += c_dPd V, gV += c_dPdᵀ dO
+      if (a.gdo) head_ab<T>(Tq, Tk, dk, cdpd, vh, D, g.block(a.gdo, n, Tq), D);
+      if (a.gv) head_atb<T>(Tq, Tk, dk, cdpd, doh, D, g.block(a.gv, n, Tk), D);
+    }
+    if (a.cv) {
+      // c_P += (dO cVᵀ) D, gdO += P_d cV
+      const T* cvh = g.block(a.cv, n, Tk);
+      head_abt<T>(Tq, Tk, dk, doh, D, cvh, D, tmp, false, bt);
+      for (int64_t e = 0; e < tt; ++e) cp[e] += dh ? tmp[e] * dh[e] : tmp[e];
+      if (a.gdo) {
+        for (int64_t e = 0; e < tt; ++e) tmp[e] = dh ? ph[e] * dh[e] : ph[e];
+        head_ab<T>(Tq, Tk, dk, tmp, cvh, D, g.block(a.gdo, n, Tq), D);
+      }
+    }
+    if (!a.gq && !a.gk) continue;
+    // c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked); gQ += c_S K, gK += c_Sᵀ Q
+    softmax_back(cp, tmp);
+    if (a.gq) head_ab<T>(Tq, Tk, dk, tmp, kh, D, g.block(a.gq, n, Tq), D);
+    if (a.gk) head_atb<T>(Tq, Tk, dk, tmp, qh, D, g.block(a.gk, n, Tk), D);
+  }
+}
+
 // head_attention_backward's Node (Note [Head attention]): inputs q, k, v and dO, outputs dQ, dK,
 // dV, all (B, T, D); cotangents cQ, cK, cV. Per head, with S = Q Kᵀ / √d_k (masked), P =
 // softmax(S), D the dropout factor (mask · scale, or 1), P_d = P D, dP = (dO Vᵀ) D,
@@ -1694,8 +1879,9 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
 //   gQ  = dS cK + c_S K,   gK = dSᵀ cQ + c_Sᵀ Q
 //   c_dP = P (u - ru),  gdO = (c_dP D) V + P_d cV,  gV = (c_dP D)ᵀ dO
 //   c_P = u (dP - r) - ru dP + (dO cVᵀ) D,  c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked)
-// in batched products over the (B, h, T, d_k) views. P is the forward kernel's data, or under
-// create_graph recomputed in ops from q and k, so that it can be differentiated once more.
+// On the CPU, head_grad_grad per head; under create_graph (or on a device) the same in batched
+// products over the (B, h, T, d_k) views, P recomputed in ops from q and k so that it can be
+// differentiated once more.
 struct HeadAttentionGradBackward final : Node {
   HeadAttentionGradBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                             const Tensor& p, Tensor keep, AttentionDropout dropout, Heads heads)
@@ -1703,6 +1889,33 @@ struct HeadAttentionGradBackward final : Node {
     save(q_, q), save(k_, k), save(v_, v), save(dout_, dout), save(p_, p);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!is_grad_enabled() && q_.get().device().is_cpu()) return by_kernels(grads);
+    return apply_in_ops(grads);
+  }
+  // head_grad_grad over the heads, into zeros of the inputs' shapes.
+  std::vector<Tensor> by_kernels(const std::vector<Tensor>& grads) {
+    const Heads& g = heads_;
+    const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get();
+    const Tensor dout = contiguous_data(dout_.get());
+    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    std::vector<Tensor> c(3), out(4);
+    for (size_t i = 0; i < 3; ++i) c[i] = contiguous_data(grads[i]);
+    for (size_t i = 0; i < 4; ++i)
+      if (needs_grad(i)) out[i] = zeros(input_shapes[i], q.dtype(), q.device());
+    dispatch_float(q.dtype(), op(), [&]<class T>() {
+      const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+      const HeadGradGrad<T> a{q.data<T>(), k.data<T>(),
+                              v.data<T>(), dout.data<T>(),
+                              p.data<T>(), ptr(drop),
+                              ptr(c[0]),   ptr(c[1]),
+                              ptr(c[2]),   keep_.defined() ? keep_.data<bool>() : nullptr,
+                              ptr(out[0]), ptr(out[1]),
+                              ptr(out[2]), ptr(out[3])};
+      over_heads(g, [&](int64_t begin, int64_t end) { head_grad_grad<T>(g, a, begin, end); });
+    });
+    return out;
+  }
+  std::vector<Tensor> apply_in_ops(const std::vector<Tensor>& grads) {
     const Heads& g = heads_;
     const auto split = [&](const Tensor& t) {  // (B, T, D) -> (B, h, T, d_k)
       return transpose(reshape(t, {g.B, t.size(1), g.h, g.dk}), 1, 2);
@@ -1719,12 +1932,9 @@ struct HeadAttentionGradBackward final : Node {
     const auto masked = [&](const Tensor& t) {
       return left_out.defined() ? masked_fill(t, left_out, 0.0) : t;
     };
-    Tensor p = p_.get();
-    if (is_grad_enabled()) {  // create_graph: P as a function of q and k
-      Tensor s = div(matmul(q, mT(k)), div_by);
-      if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
-      p = softmax(s, -1);
-    }
+    Tensor s = div(matmul(q, mT(k)), div_by);  // P as a function of q and k
+    if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
+    const Tensor p = softmax(s, -1);
     const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
     const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
     const Tensor dp = dropped(matmul(d_o, mT(v)));
