@@ -1717,7 +1717,8 @@ struct HeadGradGrad {
 // The three shapes of a head's products, for the short rows of attention (Tq, Tk of tens, d_k
 // of a few vectors), in lanes along a contiguous row with the sums in registers (no packing, no
 // dispatch, no store reloaded in the loop): C (m, n) = A Bᵀ (+ C when accumulate) with A (m, kd)
-// and B (n, kd), B first transposed into bt (kd, n rounded up to whole vectors, zero-padded);
+// and B (n, kd), B first transposed into bt (kd, n rounded up to whole vectors, zero-padded; kept
+// by the caller across calls of one n and kd);
 // C (m, kd) += A B with A (m, n) row-major and B (n, kd); C (n, kd) += Aᵀ B with A (m, n) and
 // B (m, kd).
 template <class T>
@@ -1727,7 +1728,8 @@ void head_abt(int64_t m, int64_t n, int64_t kd, const T* a, int64_t lda, const T
   using V = typename L::V;
   constexpr int64_t W = L::kWidth;
   const int64_t np = (n + W - 1) / W * W;
-  bt.assign(static_cast<size_t>(kd * np), T(0));
+  // the padding columns stay zero from the first call (every call of a pass has the same n, kd)
+  if (bt.size() != static_cast<size_t>(kd * np)) bt.assign(static_cast<size_t>(kd * np), T(0));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t l = 0; l < kd; ++l) bt[l * np + j] = b[j * ldb + l];
   for (int64_t i = 0; i < m; ++i) {

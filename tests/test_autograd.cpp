@@ -249,6 +249,27 @@ BOOST_AUTO_TEST_CASE(post_accumulate_grad_hook_and_queue_callback) {
                {"set_post_accumulate_grad_hook", "leaf that requires grad"});
 }
 
+// Note [Accumulating in place]: gradients meeting at an input are summed in place only into a
+// buffer nothing else holds. The caller's grad_outputs, a gradient a Node passes on to two inputs
+// (add's), one that is a view of another (reshape's) and a leaf's .grad all keep their values.
+BOOST_AUTO_TEST_CASE(accumulating_in_place_touches_no_visible_tensor) {
+  const Tensor x = tensor({1.0, 2.0, 3.0, 4.0}).requires_grad_();
+  const Tensor y = x * 2.0;
+  // y reached twice from the roots: the second seed is added to the first, the caller's
+  const Tensor u = tensor({1.0, 1.0, 1.0, 1.0}), w = tensor({10.0, 20.0, 30.0, 40.0});
+  const Tensor g = autograd::grad({y, y}, {x}, {u, w})[0];
+  expect_close(g, tensor({22.0, 42.0, 62.0, 82.0}), 0, 0, "two seeds");
+  expect_close(u, tensor({1.0, 1.0, 1.0, 1.0}), 0, 0, "the first seed unchanged");
+  // x + x: AddBackward hands one gradient to both edges; then three uses through views
+  const Tensor z = ((x + x) * 1.0 + x.reshape({2, 2}).reshape({4}) + x.view({4})).sum();
+  z.backward();
+  expect_close(x.grad(), tensor({4.0, 4.0, 4.0, 4.0}), 0, 0, "x + x and two views");
+  const Tensor first = x.grad().clone();
+  const Tensor held = x.grad();
+  (x * x).sum().backward();  // into the leaf's .grad, which `held` sees
+  expect_close(held, first + x.detach() * 2.0, 0, 0, "the leaf's gradient accumulates as before");
+}
+
 BOOST_AUTO_TEST_CASE(gradcheck_catches_a_wrong_gradient) {
   // A function whose backward is wrong (detach hides part of the dependence) must fail.
   Tensor x = tensor({0.5, 1.5}, kFloat64).requires_grad_();
