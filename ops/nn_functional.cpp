@@ -1726,45 +1726,64 @@ void head_abt(int64_t m, int64_t n, int64_t kd, const T* a, int64_t lda, const T
               T* c, bool accumulate, std::vector<T>& bt) {
   using L = Lanes<T>;
   using V = typename L::V;
-  constexpr int64_t W = L::kWidth;
+  constexpr int64_t W = L::kWidth, R = 4;  // R rows at a time: R independent sums
   const int64_t np = (n + W - 1) / W * W;
   // the padding columns stay zero from the first call (every call of a pass has the same n, kd)
   if (bt.size() != static_cast<size_t>(kd * np)) bt.assign(static_cast<size_t>(kd * np), T(0));
   for (int64_t j = 0; j < n; ++j)
     for (int64_t l = 0; l < kd; ++l) bt[l * np + j] = b[j * ldb + l];
-  for (int64_t i = 0; i < m; ++i) {
-    const T* ai = a + i * lda;
-    T* ci = c + i * n;
+  for (int64_t i0 = 0; i0 < m; i0 += R) {
+    const int64_t rows = std::min(R, m - i0);
+    const T* ar[R];
+    for (int64_t r = 0; r < R; ++r)
+      ar[r] = a + (i0 + std::min(r, rows - 1)) * lda;  // past m: reread
     for (int64_t j0 = 0; j0 < n; j0 += W) {
-      V acc{};
-      for (int64_t l = 0; l < kd; ++l) acc += ai[l] * L::load(bt.data() + l * np + j0);
-      T out[W];
-      std::memcpy(out, &acc, sizeof acc);
-      for (int64_t j = j0; j < std::min(n, j0 + W); ++j)
-        ci[j] = accumulate ? ci[j] + out[j - j0] : out[j - j0];
+      V acc[R] = {};
+      for (int64_t l = 0; l < kd; ++l) {
+        const V bl = L::load(bt.data() + l * np + j0);
+        for (int64_t r = 0; r < R; ++r) acc[r] += ar[r][l] * bl;
+      }
+      const int64_t width = std::min(W, n - j0);
+      for (int64_t r = 0; r < rows; ++r) {
+        T out[W];
+        std::memcpy(out, &acc[r], sizeof out);
+        T* ci = c + (i0 + r) * n + j0;
+        for (int64_t j = 0; j < width; ++j) ci[j] = accumulate ? ci[j] + out[j] : out[j];
+      }
     }
   }
 }
-// C (rows, kd) += Σ_j A(row, j) B_j: rows of B (ldb apart) weighted by A's entries (a_at(row, j)).
+// C (rows, kd) += Σ_j A(row, j) B_j: rows of B (ldb apart) weighted by A's entries (a_at(row, j)),
+// R rows of C at a time (R independent sums, each B vector loaded once for them).
 template <class T, class A>
 void head_weighted_rows(int64_t rows, int64_t n, int64_t kd, A a_at, const T* b, int64_t ldb, T* c,
                         int64_t ldc) {
   using L = Lanes<T>;
   using V = typename L::V;
-  constexpr int64_t W = L::kWidth;
-  for (int64_t i = 0; i < rows; ++i) {
-    T* ci = c + i * ldc;
+  constexpr int64_t W = L::kWidth, R = 4;
+  for (int64_t i0 = 0; i0 < rows; i0 += R) {
+    const int64_t live = std::min(R, rows - i0);
+    int64_t row[R];
+    for (int64_t r = 0; r < R; ++r) row[r] = i0 + std::min(r, live - 1);  // past rows: reread
     int64_t l = 0;
     for (; l + W <= kd; l += W) {
-      V acc = L::load(ci + l);
-      for (int64_t j = 0; j < n; ++j) acc += a_at(i, j) * L::load(b + j * ldb + l);
-      std::memcpy(ci + l, &acc, sizeof acc);
+      V acc[R] = {};
+      for (int64_t j = 0; j < n; ++j) {
+        const V bj = L::load(b + j * ldb + l);
+        for (int64_t r = 0; r < R; ++r) acc[r] += a_at(row[r], j) * bj;
+      }
+      for (int64_t r = 0; r < live; ++r) {
+        T* ci = c + (i0 + r) * ldc + l;
+        const V sum = L::load(ci) + acc[r];
+        std::memcpy(ci, &sum, sizeof sum);
+      }
     }
-    for (; l < kd; ++l) {
-      T acc = ci[l];
-      for (int64_t j = 0; j < n; ++j) acc += a_at(i, j) * b[j * ldb + l];
-      ci[l] = acc;
-    }
+    for (; l < kd; ++l)
+      for (int64_t r = 0; r < live; ++r) {
+        T acc = c[(i0 + r) * ldc + l];
+        for (int64_t j = 0; j < n; ++j) acc += a_at(i0 + r, j) * b[j * ldb + l];
+        c[(i0 + r) * ldc + l] = acc;
+      }
   }
 }
 template <class T>
