@@ -1706,10 +1706,11 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
 
 // The pointers of head_attention_backward's derivative (HeadAttentionGradBackward): inputs q, k,
 // v, dO (B, T, D), P (B, h, Tq, Tk), the keep mask (B, Tq, Tk) and the dropout factor (as P) or
-// null; cotangents cQ, cK, cV or null; results gQ, gK, gV, gdO (zeros on entry) or null.
+// null; dP (after dropout) and dS (as P) as the first-order kernel left them; cotangents cQ, cK,
+// cV or null; results gQ, gK, gV, gdO (zeros on entry) or null.
 template <class T>
 struct HeadGradGrad {
-  const T *q, *k, *v, *dout, *p, *drop, *cq, *ck, *cv;
+  const T *q, *k, *v, *dout, *p, *drop, *dp, *ds, *cq, *ck, *cv;
   const bool* keep;
   T *gq, *gk, *gv, *gdo;
 };
@@ -1805,9 +1806,8 @@ template <class T>
 void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int64_t end) {
   const int64_t tt = g.Tq * g.Tk, D = g.D, Tq = g.Tq, Tk = g.Tk, dk = g.dk;
   const T inv_div = T(1) / static_cast<T>(std::sqrt(static_cast<double>(dk)));
-  std::vector<T> scratch(6 * tt + 2 * Tq), bt;  // bt: head_abt's transposed B
-  T *dp = scratch.data(), *ds = dp + tt, *u = ds + tt, *cp = u + tt, *cdpd = cp + tt,
-    *tmp = cdpd + tt;
+  std::vector<T> scratch(4 * tt + 2 * Tq), bt;  // bt: head_abt's transposed B
+  T *u = scratch.data(), *cp = u + tt, *cdpd = cp + tt, *tmp = cdpd + tt;
   T *r = tmp + tt, *ru = r + Tq;
   const auto row_dots = [&](const T* x, const T* y, T* out) {  // Σ_j x_ij y_ij for each row i
     for (int64_t i = 0; i < Tq; ++i) {
@@ -1837,24 +1837,21 @@ void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int
       }
       mask(out);
     };
-    // dP = (dO Vᵀ) D, r = rowsum(dP P), dS = P (dP - r) / √d_k (0 where masked)
-    head_abt<T>(Tq, Tk, dk, doh, D, vh, D, dp, false, bt);
-    if (dh)
-      for (int64_t e = 0; e < tt; ++e) dp[e] *= dh[e];
-    row_dots(dp, ph, r);
-    softmax_back(dp, ds);
+    // the first-order kernel's dP = (dO Vᵀ) D and dS = P (dP - r) / √d_k; r = rowsum(dP P)
+    const T *dpv = a.dp + n * tt, *dsv = a.ds + n * tt;
+    row_dots(dpv, ph, r);
     std::fill(cp, cp + tt, T(0));
     if (a.cq || a.ck) {
       // c_dS = cQ Kᵀ + Q cKᵀ; gK += dSᵀ cQ, gQ += dS cK
       if (a.cq) {
         const T* cqh = g.block(a.cq, n, Tq);
         head_abt<T>(Tq, Tk, dk, cqh, D, kh, D, u, false, bt);
-        if (a.gk) head_atb<T>(Tq, Tk, dk, ds, cqh, D, g.block(a.gk, n, Tk), D);
+        if (a.gk) head_atb<T>(Tq, Tk, dk, dsv, cqh, D, g.block(a.gk, n, Tk), D);
       }
       if (a.ck) {
         const T* ckh = g.block(a.ck, n, Tk);
         head_abt<T>(Tq, Tk, dk, qh, D, ckh, D, u, a.cq != nullptr, bt);
-        if (a.gq) head_ab<T>(Tq, Tk, dk, ds, ckh, D, g.block(a.gq, n, Tq), D);
+        if (a.gq) head_ab<T>(Tq, Tk, dk, dsv, ckh, D, g.block(a.gq, n, Tq), D);
       }
       // u = c_dS / √d_k (0 where masked), ru = rowsum(u P); c_P = u (dP - r) - ru dP,
       // c_dPd = P (u - ru) D
@@ -1864,7 +1861,7 @@ void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int
       for (int64_t i = 0; i < Tq; ++i) {
         const T ri = r[i], rui = ru[i];
         for (int64_t e = i * Tk; e < (i + 1) * Tk; ++e) {
-          cp[e] = u[e] * (dp[e] - ri) - rui * dp[e];
+          cp[e] = u[e] * (dpv[e] - ri) - rui * dpv[e];
           cdpd[e] = ph[e] * (u[e] - rui);
         }
       }
@@ -1900,14 +1897,17 @@ void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int
 //   gQ  = dS cK + c_S K,   gK = dSᵀ cQ + c_Sᵀ Q
 //   c_dP = P (u - ru),  gdO = (c_dP D) V + P_d cV,  gV = (c_dP D)ᵀ dO
 //   c_P = u (dP - r) - ru dP + (dO cVᵀ) D,  c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked)
-// On the CPU, head_grad_grad per head; under create_graph (or on a device) the same in batched
-// products over the (B, h, T, d_k) views, P recomputed in ops from q and k so that it can be
-// differentiated once more.
+// On the CPU, head_grad_grad per head, from the P, dP, dS and dropout factor the first-order
+// kernels used (saved as data by HeadAttentionBackward); under create_graph (or on a device) the
+// same in batched products over the (B, h, T, d_k) views, P and dP recomputed in ops from q, k,
+// v and dO so that they can be differentiated once more.
 struct HeadAttentionGradBackward final : Node {
   HeadAttentionGradBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                            const Tensor& p, Tensor keep, AttentionDropout dropout, Heads heads)
-      : keep_(std::move(keep)), dropout_(dropout), heads_(heads) {
-    save(q_, q), save(k_, k), save(v_, v), save(dout_, dout), save(p_, p);
+                            const Tensor& p, const Tensor& dp, const Tensor& ds, Tensor drop,
+                            Tensor keep, AttentionDropout dropout, Heads heads)
+      : drop_(std::move(drop)), keep_(std::move(keep)), dropout_(dropout), heads_(heads) {
+    save(q_, q), save(k_, k), save(v_, v), save(dout_, dout), save(p_, p), save(dp_, dp);
+    save(ds_, ds);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!is_grad_enabled() && q_.get().device().is_cpu()) return by_kernels(grads);
@@ -1918,20 +1918,18 @@ struct HeadAttentionGradBackward final : Node {
     const Heads& g = heads_;
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get();
     const Tensor dout = contiguous_data(dout_.get());
-    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    const Tensor& drop = drop_;
     std::vector<Tensor> c(3), out(4);
     for (size_t i = 0; i < 3; ++i) c[i] = contiguous_data(grads[i]);
     for (size_t i = 0; i < 4; ++i)
       if (needs_grad(i)) out[i] = zeros(input_shapes[i], q.dtype(), q.device());
     dispatch_float(q.dtype(), op(), [&]<class T>() {
       const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-      const HeadGradGrad<T> a{q.data<T>(), k.data<T>(),
-                              v.data<T>(), dout.data<T>(),
-                              p.data<T>(), ptr(drop),
-                              ptr(c[0]),   ptr(c[1]),
-                              ptr(c[2]),   keep_.defined() ? keep_.data<bool>() : nullptr,
-                              ptr(out[0]), ptr(out[1]),
-                              ptr(out[2]), ptr(out[3])};
+      const HeadGradGrad<T> a{
+          q.data<T>(), k.data<T>(), v.data<T>(),    dout.data<T>(),
+          p.data<T>(), ptr(drop),   ptr(dp_.get()), ptr(ds_.get()),
+          ptr(c[0]),   ptr(c[1]),   ptr(c[2]),      keep_.defined() ? keep_.data<bool>() : nullptr,
+          ptr(out[0]), ptr(out[1]), ptr(out[2]),    ptr(out[3])};
       over_heads(g, [&](int64_t begin, int64_t end) { head_grad_grad<T>(g, a, begin, end); });
     });
     return out;
@@ -1956,7 +1954,7 @@ struct HeadAttentionGradBackward final : Node {
     Tensor s = div(matmul(q, mT(k)), div_by);  // P as a function of q and k
     if (left_out.defined()) s = masked_fill(s, left_out, -1e9);
     const Tensor p = softmax(s, -1);
-    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    const Tensor& drop = drop_;
     const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
     const Tensor dp = dropped(matmul(d_o, mT(v)));
     const Tensor r = sum(mul(dp, p), {-1}, true);
@@ -1993,10 +1991,12 @@ struct HeadAttentionGradBackward final : Node {
     return {merge(gq), merge(gk), merge(gv), merge(gdo)};
   }
   bool differentiable_backward() const override { return true; }
+  Tensor drop_;  // the dropout factor (mask · scale, as P), or undefined
   Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
   AttentionDropout dropout_;
   Heads heads_;
   SavedTensor q_, k_, v_, dout_, p_;
+  SavedTensor dp_, ds_;  // the first-order kernel's dP and dS (data), or undefined
 };
 
 // Note [Head attention]; inputs q, k, v. Under create_graph the same kernels, recorded as the op
@@ -2009,19 +2009,26 @@ struct HeadAttentionBackward final : Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!is_grad_enabled()) return by_kernels(grads[0]);
-    // create_graph: the kernels' values, recorded as head_attention_backward of (q, k, v, dO)
+    // create_graph: the kernels' values, recorded as head_attention_backward of (q, k, v, dO);
+    // its derivative reads the dropout factor, dP and dS the kernels used (no second mask, no
+    // second dO Vᵀ)
     std::vector<Tensor> out;
+    Tensor drop, dp, ds;
     {
       NoGradGuard no_grad;
-      out = by_kernels(grads[0]);
+      drop = attention_dropout_factor(p_.get().shape(), p_.get().dtype(), dropout_, op());
+      out = by_kernels(grads[0], drop, &dp, &ds);
     }
     const Tensor q = q_.get(), k = k_.get(), v = v_.get();
     record<HeadAttentionGradBackward>("head_attention_backward", {&out[0], &out[1], &out[2]},
-                                      {q, k, v, grads[0]}, q, k, v, grads[0], p_.get(), keep_,
-                                      dropout_, heads_);
+                                      {q, k, v, grads[0]}, q, k, v, grads[0], p_.get(), dp, ds,
+                                      drop, keep_, dropout_, heads_);
     return out;
   }
-  std::vector<Tensor> by_kernels(const Tensor& grad) {
+  // dQ, dK, dV by the kernels; with `drop` (the dropout factor) dP is multiplied by it instead of
+  // the mask being regenerated; dP (after dropout) and dS into *dp_out and *ds_out when given.
+  std::vector<Tensor> by_kernels(const Tensor& grad, const Tensor& drop = {},
+                                 Tensor* dp_out = nullptr, Tensor* ds_out = nullptr) {
     const Tensor dout = grad.contiguous();
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get(), &pd = pd_.get();
     const Heads& g = heads_;
@@ -2040,14 +2047,19 @@ struct HeadAttentionBackward final : Node {
         head_backward_scores<T>(g, p.data<T>(), keep, q.data<T>(), k.data<T>(), dp.data<T>(),
                                 ptr(dq), ptr(dk), begin, end);
       };
-      if (dropout_.kind == AttentionDropout::None) {
+      if (dropout_.kind == AttentionDropout::None && dp_out == nullptr) {
         over_heads(g, [&](int64_t begin, int64_t end) { values(begin, end), scores(begin, end); });
         return;
       }
       over_heads(g, values);
-      dp = apply_attention_dropout(dp, dropout_, op());
+      if (drop.defined())
+        dp = mul(dp, drop);
+      else if (dropout_.kind != AttentionDropout::None)
+        dp = apply_attention_dropout(dp, dropout_, op());
+      if (dp_out != nullptr) *dp_out = dp.clone();
       over_heads(g, scores);
     });
+    if (ds_out != nullptr) *ds_out = dp;  // the scores' pass turned dP into dS in place
     return {dq, dk, dv};
   }
   bool differentiable_backward() const override { return true; }
