@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <cblas.h>
@@ -820,18 +821,17 @@ struct LinearGradBackward final : Node {
     Tensor gdy, gx, gw;
     if (needs_grad(0) && (cx.defined() || cw.defined() || cb.defined())) {
       gdy = empty(input_shapes[0], dy.dtype(), dy.device());
-      Tensor rows = make_view(gdy, {dy.size(0), out}, {out, 1}, 0);
-      bool written = false;
-      if (cx.defined()) gemm(rows_of(cx), mT(weight_.get()), rows), written = true;
-      if (cw.defined())
-        gemm(rows_of(x_.get()), mT(cw), rows, 1.0, written ? 1.0 : 0.0), written = true;
-      if (cb.defined()) {
-        NoGradGuard no_grad;
-        if (written)
-          rows.add_(cb);
-        else
-          copy_into(rows, cb);
-      }
+      const Tensor rows = make_view(gdy, {dy.size(0), out}, {out, 1}, 0);
+      // the first product starts from cB (added in its kernel where it can), the second adds on
+      std::vector<std::pair<Tensor, Tensor>> terms;
+      if (cx.defined()) terms.emplace_back(rows_of(cx), mT(weight_.get()));
+      if (cw.defined()) terms.emplace_back(rows_of(x_.get()), mT(cw));
+      if (terms.empty()) copy_into(rows, cb);
+      dispatch_float(dy.dtype(), op(), [&]<class T>() {
+        for (size_t i = 0; i < terms.size(); ++i)
+          gemm_into<T>(terms[i].first, terms[i].second, rows, T(1), T(i == 0 ? 0 : 1),
+                       i == 0 ? cb : Tensor());
+      });
     }
     if (needs_grad(1) && cw.defined()) {
       gx = empty(input_shapes[1], dy.dtype(), dy.device());

@@ -1670,26 +1670,27 @@ void head_backward_values(const Heads& g, const T* pd, const T* v, const T* dout
   }
 }
 
-// dS from dP in place (the softmax's, masked_fill's and the division's backward), then
+// dS from dP (the softmax's, masked_fill's and the division's backward; ds may be dp), then
 // dQ = dS K and dK = dSᵀ Q (each when given), for heads [begin, end).
 template <class T>
 void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T* q, const T* k,
-                          T* ds, T* dq, T* dk, int64_t begin, int64_t end) {
+                          const T* dp, T* ds, T* dq, T* dk, int64_t begin, int64_t end) {
   const T div = static_cast<T>(std::sqrt(static_cast<double>(g.dk)));
   for (int64_t n = begin; n < end; ++n) {
     T* dsh = ds + n * g.Tq * g.Tk;
     const T* ph = p + n * g.Tq * g.Tk;
     const bool* kb = keep == nullptr ? nullptr : keep + (n / g.h) * g.Tq * g.Tk;
     for (int64_t i = 0; i < g.Tq; ++i) {
+      const T* x = dp + (n * g.Tq + i) * g.Tk;
       T* d = dsh + i * g.Tk;
       const T* y = ph + i * g.Tk;
       T part[4] = {};  // four interleaved partial sums, as short_row_reduce
       int64_t j = 0;
       for (; j + 4 <= g.Tk; j += 4)
-        for (int u = 0; u < 4; ++u) part[u] += d[j + u] * y[j + u];
-      for (; j < g.Tk; ++j) part[0] += d[j] * y[j];
+        for (int u = 0; u < 4; ++u) part[u] += x[j + u] * y[j + u];
+      for (; j < g.Tk; ++j) part[0] += x[j] * y[j];
       const T dot = (part[0] + part[1]) + (part[2] + part[3]);
-      for (j = 0; j < g.Tk; ++j) d[j] = y[j] * (d[j] - dot) / div;
+      for (j = 0; j < g.Tk; ++j) d[j] = y[j] * (x[j] - dot) / div;
       if (kb != nullptr) {
         const auto* m = reinterpret_cast<const unsigned char*>(kb + i * g.Tk);
         for (j = 0; j < g.Tk; ++j) d[j] = m[j] != 0 ? d[j] : T(0);
@@ -1707,7 +1708,7 @@ void head_backward_scores(const Heads& g, const T* p, const bool* keep, const T*
 // The pointers of head_attention_backward's derivative (HeadAttentionGradBackward): inputs q, k,
 // v, dO (B, T, D), P (B, h, Tq, Tk), the keep mask (B, Tq, Tk) and the dropout factor (as P) or
 // null; dP (after dropout) and dS (as P) as the first-order kernel left them; cotangents cQ, cK,
-// cV or null; results gQ, gK, gV, gdO (zeros on entry) or null.
+// cV or null; results gQ, gK, gV, gdO (each written in full) or null.
 template <class T>
 struct HeadGradGrad {
   const T *q, *k, *v, *dout, *p, *drop, *dp, *ds, *cq, *ck, *cv;
@@ -1715,50 +1716,76 @@ struct HeadGradGrad {
   T *gq, *gk, *gv, *gdo;
 };
 
-// The three shapes of a head's products, for the short rows of attention (Tq, Tk of tens, d_k
-// of a few vectors), in lanes along a contiguous row with the sums in registers (no packing, no
-// dispatch, no store reloaded in the loop): C (m, n) = A Bᵀ (+ C when accumulate) with A (m, kd)
-// and B (n, kd), B first transposed into bt (kd, n rounded up to whole vectors, zero-padded; kept
-// by the caller across calls of one n and kd);
-// C (m, kd) += A B with A (m, n) row-major and B (n, kd); C (n, kd) += Aᵀ B with A (m, n) and
-// B (m, kd).
+// A head's products, for the short rows of attention (Tq, Tk of tens, d_k of a few vectors), two
+// of them summed into one result that is written once (no zeros first, no result reloaded), in
+// lanes along a contiguous row with the sums in registers (no packing, no dispatch). A pair whose
+// A is null is left out; with none, the result is zeros. A's and B's rows are ld apart:
+//   head_abt: C (m, n) = A1 B1ᵀ + A2 B2ᵀ, A's (m, kd), B's (n, kd), C contiguous; each B first
+//     transposed into bt (kd rows of n rounded up to whole vectors, zero-padded; kept by the
+//     caller across the calls of one n and kd);
+//   head_ab:  C (m, kd) = A1 B1 + A2 B2, A's (m, n) contiguous, B's (n, kd), C's rows ld apart;
+//   head_atb: C (n, kd) = A1ᵀ B1 + A2ᵀ B2, A's (m, n) contiguous, B's (m, kd), likewise.
 template <class T>
-void head_abt(int64_t m, int64_t n, int64_t kd, const T* a, int64_t lda, const T* b, int64_t ldb,
-              T* c, bool accumulate, std::vector<T>& bt) {
+struct HeadPairs {
+  const T* a[2];
+  const T* b[2];
+  int64_t count;  // the pairs whose A is given, first
+  HeadPairs(const T* a1, const T* b1, const T* a2 = nullptr, const T* b2 = nullptr)
+      : a{a1, a2}, b{b1, b2}, count(0) {
+    if (a1 == nullptr) a[0] = a2, b[0] = b2, a[1] = nullptr;
+    count = (a[0] != nullptr) + (a[1] != nullptr);
+  }
+};
+
+// The first `bytes` (fewer than 2 Chunk) of src into dst, in copies of constant sizes: a loop of
+// a variable count is made a call of memmove.
+template <size_t Chunk>
+EMBER_VEC_INLINE void copy_prefix(char* dst, const char* src, size_t bytes) {
+  if constexpr (Chunk > 0) {
+    if (bytes & Chunk) std::memcpy(dst, src, Chunk), dst += Chunk, src += Chunk;
+    copy_prefix<Chunk / 2>(dst, src, bytes);
+  }
+}
+
+template <class T>
+void head_abt(int64_t m, int64_t n, int64_t kd, const HeadPairs<T>& x, int64_t ld, T* c,
+              std::vector<T>& bt) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth, R = 4;  // R rows at a time: R independent sums
-  const int64_t np = (n + W - 1) / W * W;
+  if (x.count == 0) return std::fill(c, c + m * n, T(0));
+  const int64_t np = (n + W - 1) / W * W, block = kd * np;
   // the padding columns stay zero from the first call (every call of a pass has the same n, kd)
-  if (bt.size() != static_cast<size_t>(kd * np)) bt.assign(static_cast<size_t>(kd * np), T(0));
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t l = 0; l < kd; ++l) bt[l * np + j] = b[j * ldb + l];
+  if (bt.size() < static_cast<size_t>(2 * block)) bt.assign(static_cast<size_t>(2 * block), T(0));
+  for (int64_t p = 0; p < x.count; ++p)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < kd; ++l) bt[p * block + l * np + j] = x.b[p][j * ld + l];
   for (int64_t i0 = 0; i0 < m; i0 += R) {
     const int64_t rows = std::min(R, m - i0);
-    const T* ar[R];
-    for (int64_t r = 0; r < R; ++r)
-      ar[r] = a + (i0 + std::min(r, rows - 1)) * lda;  // past m: reread
+    const T* ar[2][R];
+    for (int64_t p = 0; p < x.count; ++p)
+      for (int64_t r = 0; r < R; ++r)
+        ar[p][r] = x.a[p] + (i0 + std::min(r, rows - 1)) * ld;  // past m: reread
     for (int64_t j0 = 0; j0 < n; j0 += W) {
       V acc[R] = {};
-      for (int64_t l = 0; l < kd; ++l) {
-        const V bl = L::load(bt.data() + l * np + j0);
-        for (int64_t r = 0; r < R; ++r) acc[r] += ar[r][l] * bl;
-      }
-      const int64_t width = std::min(W, n - j0);
-      for (int64_t r = 0; r < rows; ++r) {
-        T out[W];
-        std::memcpy(out, &acc[r], sizeof out);
-        T* ci = c + (i0 + r) * n + j0;
-        for (int64_t j = 0; j < width; ++j) ci[j] = accumulate ? ci[j] + out[j] : out[j];
-      }
+      for (int64_t p = 0; p < x.count; ++p)
+        for (int64_t l = 0; l < kd; ++l) {
+          const V bl = L::load(bt.data() + p * block + l * np + j0);
+          for (int64_t r = 0; r < R; ++r) acc[r] += ar[p][r][l] * bl;
+        }
+      const size_t bytes = std::min(W, n - j0) * sizeof(T);
+      for (int64_t r = 0; r < rows; ++r)
+        copy_prefix<sizeof(V)>(reinterpret_cast<char*>(c + (i0 + r) * n + j0),
+                               reinterpret_cast<const char*>(&acc[r]), bytes);
     }
   }
 }
-// C (rows, kd) += Σ_j A(row, j) B_j: rows of B (ldb apart) weighted by A's entries (a_at(row, j)),
-// R rows of C at a time (R independent sums, each B vector loaded once for them).
+// C (rows, kd) = Σ_p Σ_j A_p(row, j) B_p,j: rows of the B's (ldb apart) weighted by the A's
+// entries (a_at(p, row, j)), R rows of C at a time (R independent sums, each B vector loaded once
+// for them).
 template <class T, class A>
-void head_weighted_rows(int64_t rows, int64_t n, int64_t kd, A a_at, const T* b, int64_t ldb, T* c,
-                        int64_t ldc) {
+void head_weighted_rows(int64_t rows, int64_t n, int64_t kd, const HeadPairs<T>& x, A a_at,
+                        int64_t ldb, T* c, int64_t ldc) {
   using L = Lanes<T>;
   using V = typename L::V;
   constexpr int64_t W = L::kWidth, R = 4;
@@ -1769,126 +1796,135 @@ void head_weighted_rows(int64_t rows, int64_t n, int64_t kd, A a_at, const T* b,
     int64_t l = 0;
     for (; l + W <= kd; l += W) {
       V acc[R] = {};
-      for (int64_t j = 0; j < n; ++j) {
-        const V bj = L::load(b + j * ldb + l);
-        for (int64_t r = 0; r < R; ++r) acc[r] += a_at(row[r], j) * bj;
-      }
-      for (int64_t r = 0; r < live; ++r) {
-        T* ci = c + (i0 + r) * ldc + l;
-        const V sum = L::load(ci) + acc[r];
-        std::memcpy(ci, &sum, sizeof sum);
-      }
+      for (int64_t p = 0; p < x.count; ++p)
+        for (int64_t j = 0; j < n; ++j) {
+          const V bj = L::load(x.b[p] + j * ldb + l);
+          for (int64_t r = 0; r < R; ++r) acc[r] += a_at(x.a[p], row[r], j) * bj;
+        }
+      for (int64_t r = 0; r < live; ++r) std::memcpy(c + (i0 + r) * ldc + l, &acc[r], sizeof(V));
     }
     for (; l < kd; ++l)
       for (int64_t r = 0; r < live; ++r) {
-        T acc = c[(i0 + r) * ldc + l];
-        for (int64_t j = 0; j < n; ++j) acc += a_at(i0 + r, j) * b[j * ldb + l];
+        T acc = 0;
+        for (int64_t p = 0; p < x.count; ++p)
+          for (int64_t j = 0; j < n; ++j) acc += a_at(x.a[p], i0 + r, j) * x.b[p][j * ldb + l];
         c[(i0 + r) * ldc + l] = acc;
       }
   }
 }
 template <class T>
-void head_ab(int64_t m, int64_t n, int64_t kd, const T* a, const T* b, int64_t ldb, T* c,
-             int64_t ldc) {
+void head_ab(int64_t m, int64_t n, int64_t kd, const HeadPairs<T>& x, int64_t ld, T* c) {
   head_weighted_rows<T>(
-      m, n, kd, [a, n](int64_t i, int64_t j) { return a[i * n + j]; }, b, ldb, c, ldc);
+      m, n, kd, x, [n](const T* a, int64_t i, int64_t j) { return a[i * n + j]; }, ld, c, ld);
 }
 template <class T>
-void head_atb(int64_t m, int64_t n, int64_t kd, const T* a, const T* b, int64_t ldb, T* c,
-              int64_t ldc) {
+void head_atb(int64_t m, int64_t n, int64_t kd, const HeadPairs<T>& x, int64_t ld, T* c) {
   head_weighted_rows<T>(
-      n, m, kd, [a, n](int64_t j, int64_t i) { return a[i * n + j]; }, b, ldb, c, ldc);
+      n, m, kd, x, [n](const T* a, int64_t j, int64_t i) { return a[i * n + j]; }, ld, c, ld);
 }
 
-// HeadAttentionGradBackward's formulas for heads [begin, end), each head's products on its blocks
-// (head_abt, head_ab, head_atb) and its (Tq, Tk) intermediates in a scratch of six tables.
+// HeadAttentionGradBackward's formulas for heads [begin, end): each head's products on its blocks
+// (head_abt, head_ab, head_atb), every result block written once; its (Tq, Tk) intermediates in
+// a scratch of tables, with the mask and 1/√d_k as one table of factors per batch row.
 template <class T>
 void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int64_t end) {
   const int64_t tt = g.Tq * g.Tk, D = g.D, Tq = g.Tq, Tk = g.Tk, dk = g.dk;
   const T inv_div = T(1) / static_cast<T>(std::sqrt(static_cast<double>(dk)));
-  std::vector<T> scratch(4 * tt + 2 * Tq), bt;  // bt: head_abt's transposed B
-  T *u = scratch.data(), *cp = u + tt, *cdpd = cp + tt, *tmp = cdpd + tt;
-  T *r = tmp + tt, *ru = r + Tq;
+  std::vector<T> scratch(6 * tt + 3 * Tq), bt;  // bt: head_abt's transposed B's
+  T *scale = scratch.data(), *u = scale + tt, *cp = u + tt, *cdpd = cp + tt, *cs = cdpd + tt;
+  T *pdv = cs + tt, *r = pdv + tt, *ru = r + Tq, *rc = ru + Tq;
+  // scale: 1/√d_k where a key is kept, 0 where it is left out
+  if (a.keep == nullptr) std::fill(scale, scale + tt, inv_div);
+  int64_t scale_row = -1;
+  const auto scaled = [&](T* x) {
+#pragma omp simd
+    for (int64_t e = 0; e < tt; ++e) x[e] = scale[e] != T(0) ? x[e] * scale[e] : T(0);
+  };
   const auto row_dots = [&](const T* x, const T* y, T* out) {  // Σ_j x_ij y_ij for each row i
     for (int64_t i = 0; i < Tq; ++i) {
-      T acc = 0;
-      for (int64_t j = 0; j < Tk; ++j) acc += x[i * Tk + j] * y[i * Tk + j];
-      out[i] = acc;
+      const T *xi = x + i * Tk, *yi = y + i * Tk;
+      T part[4] = {};  // four interleaved partial sums, as short_row_reduce
+      int64_t j = 0;
+      for (; j + 4 <= Tk; j += 4)
+        for (int w = 0; w < 4; ++w) part[w] += xi[j + w] * yi[j + w];
+      for (; j < Tk; ++j) part[0] += xi[j] * yi[j];
+      out[i] = (part[0] + part[1]) + (part[2] + part[3]);
     }
   };
+  const bool scores = a.cq != nullptr || a.ck != nullptr;  // a cotangent on dQ or dK: c_dS
   for (int64_t n = begin; n < end; ++n) {
-    const T* ph = a.p + n * tt;
-    const T* dh = a.drop ? a.drop + n * tt : nullptr;
-    const bool* kb = a.keep ? a.keep + (n / g.h) * tt : nullptr;
+    if (a.keep != nullptr && n / g.h != scale_row) {
+      scale_row = n / g.h;
+      const auto* kept = reinterpret_cast<const unsigned char*>(a.keep + scale_row * tt);
+#pragma omp simd
+      for (int64_t e = 0; e < tt; ++e) scale[e] = kept[e] != 0 ? inv_div : T(0);
+    }
+    const T *ph = a.p + n * tt, *dh = a.drop ? a.drop + n * tt : nullptr;
+    const T *dpv = a.dp + n * tt, *dsv = a.ds + n * tt;
     const T *qh = g.block(a.q, n, Tq), *kh = g.block(a.k, n, Tk), *vh = g.block(a.v, n, Tk);
     const T* doh = g.block(a.dout, n, Tq);
-    const auto mask = [&](T* x) {  // 0 where a key is left out
-      if (kb != nullptr)
-        for (int64_t e = 0; e < tt; ++e) x[e] = kb[e] ? x[e] : T(0);
-    };
-    // out = P (x - rowsum(x P)) / √d_k, 0 where masked (the softmax's and the scaling's backward)
-    const auto softmax_back = [&](const T* x, T* out) {
-      for (int64_t i = 0; i < Tq; ++i) {
-        const T *xi = x + i * Tk, *pi = ph + i * Tk;
-        T dot = 0;
-        for (int64_t j = 0; j < Tk; ++j) dot += xi[j] * pi[j];
-        T* oi = out + i * Tk;
-        for (int64_t j = 0; j < Tk; ++j) oi[j] = pi[j] * (xi[j] - dot) * inv_div;
-      }
-      mask(out);
-    };
+    const T* cqh = a.cq ? g.block(a.cq, n, Tq) : nullptr;
+    const T* ckh = a.ck ? g.block(a.ck, n, Tk) : nullptr;
+    const T* cvh = a.cv ? g.block(a.cv, n, Tk) : nullptr;
     // the first-order kernel's dP = (dO Vᵀ) D and dS = P (dP - r) / √d_k; r = rowsum(dP P)
-    const T *dpv = a.dp + n * tt, *dsv = a.ds + n * tt;
-    row_dots(dpv, ph, r);
-    std::fill(cp, cp + tt, T(0));
-    if (a.cq || a.ck) {
-      // c_dS = cQ Kᵀ + Q cKᵀ; gK += dSᵀ cQ, gQ += dS cK
-      if (a.cq) {
-        const T* cqh = g.block(a.cq, n, Tq);
-        head_abt<T>(Tq, Tk, dk, cqh, D, kh, D, u, false, bt);
-        if (a.gk) head_atb<T>(Tq, Tk, dk, dsv, cqh, D, g.block(a.gk, n, Tk), D);
-      }
-      if (a.ck) {
-        const T* ckh = g.block(a.ck, n, Tk);
-        head_abt<T>(Tq, Tk, dk, qh, D, ckh, D, u, a.cq != nullptr, bt);
-        if (a.gq) head_ab<T>(Tq, Tk, dk, dsv, ckh, D, g.block(a.gq, n, Tq), D);
-      }
-      // u = c_dS / √d_k (0 where masked), ru = rowsum(u P); c_P = u (dP - r) - ru dP,
-      // c_dPd = P (u - ru) D
-      for (int64_t e = 0; e < tt; ++e) u[e] *= inv_div;
-      mask(u);
+    if (scores) {
+      // u = c_dS / √d_k (0 where masked), c_dS = cQ Kᵀ + Q cKᵀ; ru = rowsum(u P);
+      // c_P = u (dP - r) - ru dP, c_dPd = P (u - ru) D
+      head_abt<T>(Tq, Tk, dk, {cqh, kh, ckh ? qh : nullptr, ckh}, D, u, bt);
+      scaled(u);
+      row_dots(dpv, ph, r);
       row_dots(u, ph, ru);
       for (int64_t i = 0; i < Tq; ++i) {
         const T ri = r[i], rui = ru[i];
+#pragma omp simd
         for (int64_t e = i * Tk; e < (i + 1) * Tk; ++e) {
           cp[e] = u[e] * (dpv[e] - ri) - rui * dpv[e];
           cdpd[e] = ph[e] * (u[e] - rui);
         }
       }
-      if (dh)
+      if (dh != nullptr)
+#pragma omp simd
         for (int64_t e = 0; e < tt; ++e) cdpd[e] *= dh[e];
-      // gdO += c_dPd V, gV += c_dPdᵀ dO
-      if (a.gdo) head_ab<T>(Tq, Tk, dk, cdpd, vh, D, g.block(a.gdo, n, Tq), D);
-      if (a.gv) head_atb<T>(Tq, Tk, dk, cdpd, doh, D, g.block(a.gv, n, Tk), D);
     }
-    if (a.cv) {
-      // c_P += (dO cVᵀ) D, gdO += P_d cV
-      const T* cvh = g.block(a.cv, n, Tk);
-      head_abt<T>(Tq, Tk, dk, doh, D, cvh, D, tmp, false, bt);
-      for (int64_t e = 0; e < tt; ++e) cp[e] += dh ? tmp[e] * dh[e] : tmp[e];
-      if (a.gdo) {
-        for (int64_t e = 0; e < tt; ++e) tmp[e] = dh ? ph[e] * dh[e] : ph[e];
-        head_ab<T>(Tq, Tk, dk, tmp, cvh, D, g.block(a.gdo, n, Tq), D);
+    const T* pd = ph;  // P_d = P D
+    if (cvh != nullptr) {
+      // c_P += (dO cVᵀ) D
+      head_abt<T>(Tq, Tk, dk, {doh, cvh}, D, cs, bt);
+      if (dh != nullptr) {
+#pragma omp simd
+        for (int64_t e = 0; e < tt; ++e) pdv[e] = ph[e] * dh[e], cs[e] *= dh[e];
+        pd = pdv;
       }
+      if (scores)
+#pragma omp simd
+        for (int64_t e = 0; e < tt; ++e) cp[e] += cs[e];
+      else
+        std::copy(cs, cs + tt, cp);
     }
-    if (!a.gq && !a.gk) continue;
-    // c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked); gQ += c_S K, gK += c_Sᵀ Q
-    softmax_back(cp, tmp);
-    if (a.gq) head_ab<T>(Tq, Tk, dk, tmp, kh, D, g.block(a.gq, n, Tq), D);
-    if (a.gk) head_atb<T>(Tq, Tk, dk, tmp, qh, D, g.block(a.gk, n, Tk), D);
+    const bool c_s = (scores || cvh != nullptr) && (a.gq || a.gk);
+    if (c_s) {
+      // c_S = P (c_P - rowsum(c_P P)) / √d_k (0 where masked)
+      row_dots(cp, ph, rc);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const T rci = rc[i];
+#pragma omp simd
+        for (int64_t e = i * Tk; e < (i + 1) * Tk; ++e) cs[e] = ph[e] * (cp[e] - rci);
+      }
+      scaled(cs);
+    }
+    // gQ = dS cK + c_S K, gK = dSᵀ cQ + c_Sᵀ Q, gdO = c_dPd V + P_d cV, gV = c_dPdᵀ dO
+    if (a.gq)
+      head_ab<T>(Tq, Tk, dk, {ckh ? dsv : nullptr, ckh, c_s ? cs : nullptr, kh}, D,
+                 g.block(a.gq, n, Tq));
+    if (a.gk)
+      head_atb<T>(Tq, Tk, dk, {cqh ? dsv : nullptr, cqh, c_s ? cs : nullptr, qh}, D,
+                  g.block(a.gk, n, Tk));
+    if (a.gdo)
+      head_ab<T>(Tq, Tk, dk, {scores ? cdpd : nullptr, vh, cvh ? pd : nullptr, cvh}, D,
+                 g.block(a.gdo, n, Tq));
+    if (a.gv) head_atb<T>(Tq, Tk, dk, {scores ? cdpd : nullptr, doh}, D, g.block(a.gv, n, Tk));
   }
 }
-
 // head_attention_backward's Node (Note [Head attention]): inputs q, k, v and dO, outputs dQ, dK,
 // dV, all (B, T, D); cotangents cQ, cK, cV. Per head, with S = Q Kᵀ / √d_k (masked), P =
 // softmax(S), D the dropout factor (mask · scale, or 1), P_d = P D, dP = (dO Vᵀ) D,
@@ -1913,7 +1949,7 @@ struct HeadAttentionGradBackward final : Node {
     if (!is_grad_enabled() && q_.get().device().is_cpu()) return by_kernels(grads);
     return apply_in_ops(grads);
   }
-  // head_grad_grad over the heads, into zeros of the inputs' shapes.
+  // head_grad_grad over the heads, which writes every block of the results.
   std::vector<Tensor> by_kernels(const std::vector<Tensor>& grads) {
     const Heads& g = heads_;
     const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p = p_.get();
@@ -1922,7 +1958,7 @@ struct HeadAttentionGradBackward final : Node {
     std::vector<Tensor> c(3), out(4);
     for (size_t i = 0; i < 3; ++i) c[i] = contiguous_data(grads[i]);
     for (size_t i = 0; i < 4; ++i)
-      if (needs_grad(i)) out[i] = zeros(input_shapes[i], q.dtype(), q.device());
+      if (needs_grad(i)) out[i] = empty(input_shapes[i], q.dtype(), q.device());
     dispatch_float(q.dtype(), op(), [&]<class T>() {
       const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
       const HeadGradGrad<T> a{
@@ -2036,6 +2072,7 @@ struct HeadAttentionBackward final : Node {
     Tensor dk = needs_grad(1) ? empty(k.shape(), k.dtype(), k.device()) : Tensor();
     Tensor dv = needs_grad(2) ? empty(v.shape(), v.dtype(), v.device()) : Tensor();
     Tensor dp = empty(p.shape(), p.dtype(), p.device());
+    Tensor ds = dp;  // dS over dP, unless dP is kept
     const bool* keep = keep_.defined() ? keep_.data<bool>() : nullptr;
     dispatch_float(q.dtype(), op(), [&]<class T>() {
       const auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
@@ -2045,7 +2082,7 @@ struct HeadAttentionBackward final : Node {
       };
       const auto scores = [&](int64_t begin, int64_t end) {
         head_backward_scores<T>(g, p.data<T>(), keep, q.data<T>(), k.data<T>(), dp.data<T>(),
-                                ptr(dq), ptr(dk), begin, end);
+                                ds.data<T>(), ptr(dq), ptr(dk), begin, end);
       };
       if (dropout_.kind == AttentionDropout::None && dp_out == nullptr) {
         over_heads(g, [&](int64_t begin, int64_t end) { values(begin, end), scores(begin, end); });
@@ -2053,13 +2090,14 @@ struct HeadAttentionBackward final : Node {
       }
       over_heads(g, values);
       if (drop.defined())
-        dp = mul(dp, drop);
+        dp.mul_(drop);
       else if (dropout_.kind != AttentionDropout::None)
         dp = apply_attention_dropout(dp, dropout_, op());
-      if (dp_out != nullptr) *dp_out = dp.clone();
+      ds = dp;
+      if (dp_out != nullptr) *dp_out = dp, ds = empty(p.shape(), p.dtype(), p.device());
       over_heads(g, scores);
     });
-    if (ds_out != nullptr) *ds_out = dp;  // the scores' pass turned dP into dS in place
+    if (ds_out != nullptr) *ds_out = ds;
     return {dq, dk, dv};
   }
   bool differentiable_backward() const override { return true; }
