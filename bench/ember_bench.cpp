@@ -281,6 +281,7 @@ struct Options {
   std::string matmul_precision = "highest";  // set_float32_matmul_precision for every workload
   std::string device = "cpu";
   bool list = false, smoke = false;
+  bool paired = false;  // the two selected workloads in turns (time_paired)
 };
 
 Options parse(int argc, char** argv) {
@@ -312,12 +313,14 @@ Options parse(int argc, char** argv) {
       o.list = true;
     else if (a == "--smoke")
       o.smoke = true;
+    else if (a == "--paired")
+      o.paired = true;
     else {
       std::fprintf(
           stderr,
           "usage: ember_bench [--threads N] [--filter substr]... [--exact name]... "
           "[--json out.json] [--time seconds] [--matmul-precision P] [--device D] [--list] "
-          "[--smoke]\n");
+          "[--smoke] [--paired]\n");
       std::exit(a == "--help" || a == "-h" ? 0 : 2);
     }
   }
@@ -341,6 +344,48 @@ int64_t max_rss_kb() {
   return u.ru_maxrss;
 }
 
+// --paired: the two selected workloads timed in turns (time_paired), each one's median and min
+// and the median (and quartiles) of the rounds' ratios, second over first.
+int run_paired(const Options& o) {
+  using namespace ember::bench;
+  std::vector<const Workload*> chosen;
+  for (const Workload& w : registry())
+    if (selected(o, w)) chosen.push_back(&w);
+  if (chosen.size() != 2) {
+    std::fprintf(stderr, "ember_bench: --paired needs two workloads selected, got %zu\n",
+                 chosen.size());
+    return 2;
+  }
+  ember::manual_seed(0);
+  const std::function<void()> a = chosen[0]->make(false);
+  ember::manual_seed(0);
+  const std::function<void()> b = chosen[1]->make(false);
+  const PairedTiming t = time_paired(a, b, o.target);
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& [w, timing] : {std::pair{chosen[0], t.a}, std::pair{chosen[1], t.b}}) {
+    std::cout << fmt::format("{:<44} median {:>11.3f} us  min {:>11.3f} us  ({} rounds)\n", w->name,
+                             timing.median_s * 1e6, timing.min_s * 1e6, t.rounds);
+    results.push_back({{"name", w->name},
+                       {"median_s", timing.median_s},
+                       {"min_s", timing.min_s},
+                       {"samples", timing.samples}});
+  }
+  std::cout << fmt::format("ratio (second / first) median {:.3f}  quartiles {:.3f} {:.3f}\n",
+                           t.ratio_median, t.ratio_low, t.ratio_high)
+            << std::flush;
+  if (!o.json.empty()) {
+    const nlohmann::json doc = {{"side", "ember"},
+                                {"threads", o.threads},
+                                {"paired", true},
+                                {"ratio_median", t.ratio_median},
+                                {"ratio_quartiles", {t.ratio_low, t.ratio_high}},
+                                {"rounds", t.rounds},
+                                {"results", results}};
+    std::ofstream(o.json) << doc.dump(2) << '\n';
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,6 +404,7 @@ int main(int argc, char** argv) {
   add_nw_workloads();
   add_grain_workloads();
 
+  if (o.paired && !o.list && !o.smoke) return run_paired(o);
   nlohmann::json results = nlohmann::json::array();
   for (const Workload& w : registry()) {
     if (!selected(o, w)) continue;

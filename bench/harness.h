@@ -9,6 +9,7 @@
 #include <ctime>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/device.h"
@@ -100,6 +101,50 @@ inline Timing time_steps(const std::function<void()>& step, double target) {
   const size_t n = per_step.size();
   t.median_s = n % 2 ? per_step[n / 2] : 0.5 * (per_step[n / 2 - 1] + per_step[n / 2]);
   t.min_s = per_step.front();
+  return t;
+}
+
+// Two steps timed in turns (one of each a round, after a warm-up of 0.1 target), for `target`
+// seconds in all: on a shared machine a slow phase slows both alike, so the median of the rounds'
+// ratios (b's time over a's) holds still where the ratio of two separate runs' medians does not.
+struct PairedTiming {
+  Timing a, b;
+  double ratio_median = 0, ratio_low = 0, ratio_high = 0;  // the rounds' median, quartiles
+  int64_t rounds = 0;
+};
+
+inline PairedTiming time_paired(const std::function<void()>& a, const std::function<void()>& b,
+                                double target) {
+  using clock = std::chrono::steady_clock;
+  const auto timed = [](const std::function<void()>& step) {
+    const auto t0 = clock::now();
+    step();
+    wait_for_device();
+    return seconds_since(t0);
+  };
+  const auto w0 = clock::now();
+  do timed(a), timed(b);
+  while (seconds_since(w0) < 0.1 * target);
+  std::vector<double> ta, tb, ratio;
+  const auto t0 = clock::now();
+  do {
+    ta.push_back(timed(a));
+    tb.push_back(timed(b));
+    ratio.push_back(tb.back() / ta.back());
+  } while (seconds_since(t0) < target || ta.size() < 3);
+  const auto quantile = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+  };
+  PairedTiming t;
+  t.rounds = static_cast<int64_t>(ratio.size());
+  for (auto [times, out] : {std::pair{&ta, &t.a}, std::pair{&tb, &t.b}}) {
+    out->samples = t.rounds, out->inner = 1;
+    out->median_s = quantile(*times, 0.5);
+    out->min_s = *std::min_element(times->begin(), times->end());
+  }
+  t.ratio_median = quantile(ratio, 0.5);
+  t.ratio_low = quantile(ratio, 0.25), t.ratio_high = quantile(ratio, 0.75);
   return t;
 }
 
