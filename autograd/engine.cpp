@@ -24,6 +24,18 @@ void check_finite(const Tensor& g, const Node& node, size_t input) {
               node.name(), input, g.shape());
 }
 
+// Note [Results for their graph alone]
+// autograd::functional's vhp, hvp and jvp take a first gradient under create_graph only to
+// differentiate it: its value is never read (vhp returns the gradient of g·v, not g). They run it
+// as detail::grad_for_graph, and the engine marks, for each Node it runs, the inputs whose
+// gradient goes straight to a captured input that runs no further (a result):
+// Node::value_unused. Such a Node may return zeros there, recorded exactly as the real gradient
+// would be (the same Node, the same saved tensors), and skip computing the value: a linear
+// layer's weight gradient dYᵀ X is one of the nine products an hvp makes per layer, and the one
+// whose value nothing uses (what XLA would remove as dead code from jvp(grad(f))). The results
+// then hold those zeros; grad_for_graph's callers never show them. Zeros rather than
+// uninitialised memory: anomaly mode checks every gradient for NaN/Inf.
+
 // Note [Accumulating in place]
 // A gradient arriving where one already waits is added to it. Without create_graph (nothing to
 // record), when the buffer holds the only handle to the waiting gradient and to its storage (no
@@ -105,8 +117,8 @@ struct Capture {
 // accumulate into .grad; with captures (autograd::grad), the gradient arriving at each captured
 // edge is returned, only the Nodes on the way to a captured edge run, and no leaf accumulates.
 std::vector<Tensor> execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds,
-                            bool retain_graph, bool create_graph,
-                            const std::vector<Edge>& captures) {
+                            bool retain_graph, bool create_graph, const std::vector<Edge>& captures,
+                            bool results_for_graph = false) {
   GradModeScope grad_mode(create_graph);
   std::vector<std::function<void()>> callbacks;
   CallbackScope callback_scope(&callbacks);
@@ -180,16 +192,24 @@ std::vector<Tensor> execute(const std::vector<Edge>& roots, const std::vector<Te
       if (any_grad) {
         profile::Scope scope(profile::is_enabled() ? node->name() : std::string_view());
         struct Unused {  // the gradients no captured input is reached through, for apply()
-          uint64_t outer = detail::t_unused_inputs;
-          ~Unused() { detail::t_unused_inputs = outer; }
+          uint64_t outer = detail::t_unused_inputs, outer_graph_only = detail::t_graph_only_inputs;
+          ~Unused() {
+            detail::t_unused_inputs = outer;
+            detail::t_graph_only_inputs = outer_graph_only;
+          }
         } unused;
-        uint64_t mask = 0;
+        uint64_t mask = 0, graph_only = 0;
         if (!captures.empty())
           for (size_t i = 0; i < node->next_edges.size() && i < 64; ++i) {
             Node* fn = node->next_edges[i].fn.get();
-            if (fn && !needed.contains(fn) && !captured.contains(fn)) mask |= 1ull << i;
+            if (!fn || needed.contains(fn)) continue;
+            if (!captured.contains(fn))
+              mask |= 1ull << i;
+            else if (results_for_graph && create_graph)
+              graph_only |= 1ull << i;  // it ends as a result, whose value nobody reads
           }
         detail::t_unused_inputs = mask;
+        detail::t_graph_only_inputs = graph_only;
         grads_in = node->apply(grads_out);
         if (create_graph && !node->differentiable_backward())
           for (Tensor& g : grads_in)
@@ -251,9 +271,12 @@ void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) 
 
 namespace autograd {
 
-std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs, std::optional<bool> retain_graph,
-                         bool create_graph, bool allow_unused) {
+namespace {
+
+std::vector<Tensor> grad_of(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                            const std::vector<Tensor>& grad_outputs,
+                            std::optional<bool> retain_graph, bool create_graph, bool allow_unused,
+                            bool results_for_graph) {
   constexpr std::string_view op = "autograd::grad";
   EMBER_CHECK(!outputs.empty(), "{}: no outputs", op);
   EMBER_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
@@ -271,8 +294,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                 x.shape());
     captures.push_back(gradient_edge(x));
   }
-  std::vector<Tensor> grads =
-      execute(roots, seeds, retain_graph.value_or(create_graph), create_graph, captures);
+  std::vector<Tensor> grads = execute(roots, seeds, retain_graph.value_or(create_graph),
+                                      create_graph, captures, results_for_graph);
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) {
       EMBER_CHECK(allow_unused,
@@ -286,6 +309,24 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   }
   return grads;
 }
+
+}  // namespace
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, std::optional<bool> retain_graph,
+                         bool create_graph, bool allow_unused) {
+  return grad_of(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, false);
+}
+
+namespace detail {
+
+std::vector<Tensor> grad_for_graph(const std::vector<Tensor>& outputs,
+                                   const std::vector<Tensor>& inputs,
+                                   const std::vector<Tensor>& grad_outputs) {
+  return grad_of(outputs, inputs, grad_outputs, true, true, true, true);
+}
+
+}  // namespace detail
 
 }  // namespace autograd
 

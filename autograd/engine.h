@@ -26,6 +26,15 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs = {},
                          std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                          bool allow_unused = false);
+
+namespace detail {
+// autograd::grad under create_graph (allow_unused) for results that will be differentiated and
+// never read (autograd::functional's vhp, hvp, jvp): a Node may leave such a result's value as
+// zeros and skip its work (Note [Results for their graph alone] in autograd/engine.cpp).
+std::vector<Tensor> grad_for_graph(const std::vector<Tensor>& outputs,
+                                   const std::vector<Tensor>& inputs,
+                                   const std::vector<Tensor>& grad_outputs);
+}  // namespace detail
 }  // namespace autograd
 
 // Queues fn to run once the backward pass running on this thread has run every Node, before that

@@ -83,7 +83,8 @@ HVP hessian_vector(const Fn& f, const std::vector<Tensor>& inputs, const std::ve
   check_one_element(out, op);
   HVP result{create_graph ? out : out.detach(), {}};
   if (!out.requires_grad()) return result.hvp = finish({}, xs, false), result;
-  const std::vector<Tensor> jac = grad({out}, xs, {}, true, true, true);
+  // jac is only differentiated (Note [Results for their graph alone])
+  const std::vector<Tensor> jac = detail::grad_for_graph({out}, xs, {});
   std::vector<Tensor> outputs, cotangents;
   for (size_t i = 0; i < jac.size(); ++i)
     if (jac[i].defined() && jac[i].requires_grad())
@@ -127,7 +128,7 @@ JVP jvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor
   JVP result{create_graph ? out : out.detach(), zeros(out.shape(), out.dtype(), out.device())};
   if (!out.requires_grad()) return result;
   const Tensor u = zeros(out.shape(), out.dtype(), out.device()).requires_grad_();
-  const std::vector<Tensor> g = grad({out}, xs, {u}, true, true, true);
+  const std::vector<Tensor> g = detail::grad_for_graph({out}, xs, {u});  // only differentiated
   std::vector<Tensor> outputs, cotangents;
   for (size_t i = 0; i < g.size(); ++i)
     if (g[i].defined() && g[i].requires_grad()) outputs.push_back(g[i]), cotangents.push_back(v[i]);

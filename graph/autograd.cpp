@@ -22,6 +22,7 @@ bool is_grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 std::atomic<bool> detail::g_anomaly{false};
 thread_local uint64_t detail::t_unused_inputs = 0;
+thread_local uint64_t detail::t_graph_only_inputs = 0;
 void set_detect_anomaly(bool on) { detail::g_anomaly = on; }
 int64_t live_nodes() { return g_live_nodes.load(); }
 

@@ -75,6 +75,9 @@ extern std::atomic<bool> g_anomaly;
 // one no target of the running backward needs (Node::needs_grad). Per thread, not per Node: a
 // Node may be in several backward passes at once (a shared leaf's accumulator).
 extern thread_local uint64_t t_unused_inputs;
+// Likewise: bit i marks input i's gradient as one whose value nothing reads, only its graph
+// (Node::value_unused).
+extern thread_local uint64_t t_graph_only_inputs;
 }  // namespace detail
 inline bool is_anomaly_enabled() { return detail::g_anomaly.load(std::memory_order_relaxed); }
 
@@ -130,6 +133,14 @@ class Node : public std::enable_shared_from_this<Node> {
   bool needs_grad(size_t input) const {
     return input < next_edges.size() && next_edges[input].fn != nullptr &&
            !(input < 64 && (detail::t_unused_inputs >> input & 1));
+  }
+
+  // True when input `input`'s gradient will be differentiated but its value never read: under
+  // create_graph, a result of a backward run for its graph alone (Note [Results for their graph
+  // alone] in autograd/engine.cpp). A Node may return zeros there, recorded as it records the
+  // real gradient, and skip the work of its value.
+  bool value_unused(size_t input) const {
+    return input < 64 && (detail::t_graph_only_inputs >> input & 1);
   }
 
   // Engine bookkeeping.

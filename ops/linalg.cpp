@@ -894,13 +894,21 @@ struct LinearBackward final : Node {
       gemm(g, weight_.get(),
            make_view(grad_x, {g.size(0), input_shapes[1][1]}, {input_shapes[1][1], 1}, 0));
     }
+    // dW = dYᵀ · X, db = Σ_rows dY; zeros where only their graph is wanted (Note [Results for
+    // their graph alone]: an hvp's first gradient)
     if (needs_grad(1)) {
-      // dW = dYᵀ · X
       grad_w = empty(input_shapes[1], g.dtype(), g.device());
-      gemm(mT(g), x_rows_.get(), grad_w);
+      if (value_unused(1))
+        grad_w.zero_();
+      else
+        gemm(mT(g), x_rows_.get(), grad_w);
     }
-    // db = Σ_rows dY
-    if (needs_grad(2)) grad_b = sum(g, {0});
+    if (needs_grad(2)) {
+      if (value_unused(2))
+        (grad_b = empty(input_shapes[2], g.dtype(), g.device())).zero_();
+      else
+        grad_b = sum(g, {0});
+    }
     return {grad_x, grad_w, grad_b};
   }
   bool differentiable_backward() const override { return true; }

@@ -35,6 +35,29 @@ Tensor s(const Tensor& x) {
 
 constexpr double kRtol = 1e-11, kAtol = 1e-12;
 
+// A user's op y = x · w (elementwise) whose Node notes, each time it runs, which of its inputs'
+// gradients the engine marked as wanted for their graph alone (Node::value_unused); its
+// gradients are ops, so it differentiates again.
+std::vector<std::vector<bool>> g_probe_marks;
+struct ProbeBackward final : Node {
+  ProbeBackward(const Tensor& x, const Tensor& w) { save(x_, x), save(w_, w); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    g_probe_marks.push_back({value_unused(0), value_unused(1)});
+    return {mul(grads[0], w_.get()), mul(grads[0], x_.get())};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor x_, w_;
+};
+
+Tensor probe(const Tensor& x, const Tensor& w) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(x, w);
+  }
+  return record<ProbeBackward>("probe", out, {x, w}, x, w);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(test_functional)
@@ -156,6 +179,65 @@ BOOST_AUTO_TEST_CASE(errors) {
                {"hessian:", "one element", "[3]"});
   expect_error([&] { F::jacobian([](const Tensor& z) { return z > 0.0; }, x); },
                {"jacobian:", "Bool", "floating"});
+}
+
+// Note [Results for their graph alone]: vhp, hvp and jvp take their first gradient only to
+// differentiate it, and a Node may then leave a result's value as zeros (linear's weight and bias
+// gradients do). Which inputs the engine marks, and that the transforms' values are those of
+// autograd::grad taken twice, with linear layers (a weight used twice too), in Float64.
+BOOST_AUTO_TEST_CASE(first_gradient_for_its_graph_alone) {
+  const Tensor x = tensor({0.3, -0.8, 1.1}, kFloat64), w = tensor({1.5, 0.4, -0.7}, kFloat64);
+  const Tensor vx = tensor({0.2, 1.0, -0.5}, kFloat64), vw = tensor({-1.2, 0.3, 0.9}, kFloat64);
+  const auto fp = [](const std::vector<Tensor>& in) {
+    return pow(probe(tanh(in[0]), in[1]), 2).sum();
+  };
+  g_probe_marks.clear();
+  const F::HVP h = F::vhp(fp, {x, w}, {vx, vw});
+  // the first gradient: input 0 feeds tanh's Node (it runs), input 1 is a result; the second
+  // gradient's values are read
+  BOOST_TEST_REQUIRE(g_probe_marks.size() == 2u);
+  BOOST_TEST(g_probe_marks[0] == (std::vector<bool>{false, true}));
+  BOOST_TEST(g_probe_marks[1] == (std::vector<bool>{false, false}));
+  g_probe_marks.clear();
+  const Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_();
+  const std::vector<Tensor> g = autograd::grad({fp({xl, wl})}, {xl, wl}, {}, std::nullopt, true);
+  BOOST_TEST(g_probe_marks[0] == (std::vector<bool>{false, false}));  // autograd::grad: never
+  expect_close(g[1].detach(), pow(tanh(x), 2) * w * 2.0, 1e-14, 0, "dw, read");
+  const std::vector<Tensor> gg = autograd::grad(g, {xl, wl}, {vx, vw});
+  for (size_t i = 0; i < 2; ++i) expect_close(h.hvp[i], gg[i], 1e-14, 1e-15, "vhp of the probe");
+
+  // linear layers, a weight used twice and made by a layer (W Wᵀ, whose gradient is read: the
+  // layer's derivative saves it), a bias: vhp, hvp and jvp against autograd::grad twice
+  const Tensor in = tensor({0.5, -1.0, 0.25, 1.5, 0.75, -0.5}, kFloat64).reshape({2, 3});
+  const Tensor W =
+      tensor({0.3, -0.2, 0.8, -0.6, 0.9, 0.1, 0.4, 0.5, -0.7}, kFloat64).reshape({3, 3});
+  const Tensor b = tensor({0.1, -0.3, 0.2}, kFloat64);
+  const Tensor vW =
+      tensor({1.0, 0.5, -0.25, 0.0, -1.5, 0.75, 0.5, 0.25, 1.0}, kFloat64).reshape({3, 3});
+  const Tensor vb = tensor({-0.5, 1.0, 0.25}, kFloat64), vin = in * -0.5 + 0.125;
+  const auto net = [](const std::vector<Tensor>& p) {
+    const Tensor hidden = tanh(linear(p[0], p[1], p[2]));
+    return pow(linear(hidden, linear(p[1], p[1])), 2).sum();  // a weight made by a layer
+  };
+  const std::vector<Tensor> p = {in.detach().requires_grad_(), W.detach().requires_grad_(),
+                                 b.detach().requires_grad_()};
+  const std::vector<Tensor> v = {vin, vW, vb};
+  const std::vector<Tensor> first = autograd::grad({net(p)}, p, {}, std::nullopt, true);
+  const std::vector<Tensor> twice = autograd::grad(first, p, v);
+  const F::HVP vhp = F::vhp(net, {in, W, b}, v), hvp = F::hvp(net, {in, W, b}, v);
+  for (size_t i = 0; i < 3; ++i) {
+    expect_close(vhp.hvp[i], twice[i], 1e-13, 1e-14, "vhp of the linear layers");
+    expect_close(hvp.hvp[i], twice[i], 1e-13, 1e-14, "hvp of the linear layers");
+  }
+  // jvp = J v, J of the layers' output (2, 3) by the inputs; the same products by autograd
+  const auto layers = [](const std::vector<Tensor>& q) {
+    return linear(tanh(linear(q[0], q[1], q[2])), q[1]);
+  };
+  const F::JVP j = F::jvp(layers, {in, W, b}, v);
+  const Tensor u = zeros({2, 3}, kFloat64).requires_grad_();
+  const std::vector<Tensor> vjp_u = autograd::grad({layers(p)}, p, {u}, std::nullopt, true);
+  const Tensor jv = autograd::grad(vjp_u, {u}, v)[0];
+  expect_close(j.jvp, jv, 1e-13, 1e-14, "jvp of the linear layers");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
