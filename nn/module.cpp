@@ -3,6 +3,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -313,6 +314,50 @@ std::shared_ptr<Module> Module::finish_clone(const Module& original,
   }
   return copy;
 }
+
+void Module::repoint_tensors(const CloneMap& map) {
+  std::unordered_set<const Module*> seen;
+  const auto walk = [&](auto&& self, Module& m) -> void {
+    if (!seen.insert(&m).second) return;
+    for (auto& entry : m.parameters_) map(entry.second);
+    for (auto& entry : m.buffers_) map(entry.second);
+    for (const Member& member : m.members_)
+      member.repoint(reinterpret_cast<void*>(address_in(m, member.offset)), map);
+    for (auto& child : m.children_) self(self, *child.second);
+  };
+  walk(walk, *this);
+}
+
+ParameterSwap::ParameterSwap(Module& module, const NamedTensors& tensors) : module_(module) {
+  constexpr std::string_view op = "functional_call";
+  NamedTensors own = module.state_dict();
+  CloneMap forward;
+  for (const auto& [name, t] : tensors) {
+    const auto it =
+        std::find_if(own.begin(), own.end(), [&](const auto& e) { return e.first == name; });
+    EMBER_CHECK(it != own.end(), "{}: {} has no parameter or buffer named '{}'", op,
+                module.type_name(), name);
+    EMBER_CHECK(t.defined(), "{}: the tensor given for '{}' is undefined", op, name);
+    const auto mine = std::find_if(own.begin(), own.end(),
+                                   [&](const auto& e) { return e.second.impl() == t.impl(); });
+    EMBER_CHECK(mine == own.end() || mine->second.impl() == it->second.impl(),
+                "{}: the tensor given for '{}' is the module's own '{}'; give a separate tensor "
+                "(e.g. its detach())",
+                op, name, mine->first);
+    const auto [f, fresh] = forward.tensors_.try_emplace(it->second.impl(), t);
+    EMBER_CHECK(fresh || f->second.impl() == t.impl(),
+                "{}: '{}' is tied to another name given a different tensor; give tied names "
+                "the same one",
+                op, name);
+    const auto [b, new_back] = back_.tensors_.try_emplace(t.impl(), it->second);
+    EMBER_CHECK(new_back || b->second.impl() == it->second.impl(),
+                "{}: one tensor given for '{}' and for another name that is not tied to it", op,
+                name);
+  }
+  module.repoint_tensors(forward);
+}
+
+ParameterSwap::~ParameterSwap() { module_.repoint_tensors(back_); }
 
 // --- ModuleList
 

@@ -53,11 +53,13 @@ class CloneMap {
 
  private:
   friend class Module;
+  friend class ParameterSwap;
   std::unordered_map<const TensorImpl*, Tensor> tensors_;
   std::unordered_map<const Module*, std::shared_ptr<Module>> modules_;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+class ParameterSwap;
 using NamedModules = std::vector<std::pair<std::string, std::shared_ptr<Module>>>;
 
 class Module {
@@ -91,6 +93,10 @@ class Module {
   Module& to(const Device& device, DType dtype);
   // A deep copy with new storage; see Note [Cloning modules].
   virtual std::shared_ptr<Module> clone() const;
+  // Points every registered tensor of this module and its descendants, and every member
+  // registered with one, at map's replacement where map has one (each module once):
+  // functional_call's swap.
+  void repoint_tensors(const CloneMap& map);
   // The class name, for messages ("Linear").
   std::string type_name() const;
 
@@ -244,5 +250,31 @@ class Sequential : public Cloneable<Sequential> {
 
   std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // module i's forward, typed
 };
+
+// torch.func.functional_call: fn() run with the parameters and buffers named in `tensors` (the
+// dotted names of named_parameters() and state_dict()) replaced by the given tensors, the module's
+// own put back afterwards (also when fn throws); returns what fn returns. The replacements are
+// used as they are, so what fn computes is a function of them: differentiable with respect to
+// them, as autograd::functional's transforms need (`vhp(f, params, v)` with f calling the model
+// inside functional_call). Every handle the module registered sees a replacement; a tensor
+// registered under several names (tied weights) is replaced under all of them, and giving its
+// names different tensors is an Error, as is a name the module does not have.
+class ParameterSwap {
+ public:
+  ParameterSwap(Module& module, const NamedTensors& tensors);
+  ~ParameterSwap();
+  ParameterSwap(const ParameterSwap&) = delete;
+  ParameterSwap& operator=(const ParameterSwap&) = delete;
+
+ private:
+  Module& module_;
+  CloneMap back_;  // replacement -> the module's own
+};
+
+template <class F>
+decltype(auto) functional_call(Module& module, const NamedTensors& tensors, F&& fn) {
+  const ParameterSwap swap(module, tensors);
+  return std::forward<F>(fn)();
+}
 
 }  // namespace ember::nn

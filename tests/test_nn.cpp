@@ -38,6 +38,16 @@ struct Wider : Affine {
   Tensor extra;
 };
 
+// One weight under two names (tied), each name with its member: y = (x Aᵀ) Bᵀ.
+struct TiedPair : nn::Cloneable<TiedPair> {
+  TiedPair() {
+    register_parameter("a", a, randn({3, 3}));
+    register_parameter("b", b, a);
+  }
+  Tensor forward(const Tensor& x) const { return linear(linear(x, a), b); }
+  Tensor a, b;
+};
+
 // A module that is not Cloneable.
 struct Plain : nn::Module {
   Plain() { register_parameter("w", zeros({2})); }
@@ -500,6 +510,72 @@ BOOST_AUTO_TEST_CASE(embedding_padding_idx_layer_norm_flags_and_activation_modul
   const auto fc = std::dynamic_pointer_cast<nn::Linear>(net[0]);
   expect_close(net.forward(x), relu(tanh(silu(gelu(fc->forward(x), "tanh")))), 0, 0, "sequential");
   expect_error([] { nn::GELU("fast"); }, {"GELU", "approximate"});
+}
+
+// torch.func.functional_call: the forward computed with the given tensors (and differentiable in
+// them), the module's own back afterwards, also after a throw; tied names; errors.
+BOOST_AUTO_TEST_CASE(functional_call_swaps_and_restores) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(3, 4),
+                                              std::make_shared<nn::Tanh>(),
+                                              std::make_shared<nn::Linear>(4, 2));
+  const Tensor x = randn({5, 3}, kFloat64);
+  net->to(kFloat64);
+  const nn::NamedTensors own = net->named_parameters();
+  nn::NamedTensors given;
+  for (const auto& [name, t] : own) given.emplace_back(name, (t.detach() * 0.5).requires_grad_());
+  const auto forward = [&] { return net->forward(x); };
+  const Tensor y = nn::functional_call(*net, given, forward);
+  // the same as the layers by hand with the given tensors
+  const Tensor expected =
+      linear(tanh(linear(x, given[0].second, given[1].second)), given[2].second, given[3].second);
+  expect_close(y.detach(), expected.detach(), 1e-15, 0, "functional_call's forward");
+  // differentiable in the given tensors, not the module's
+  const std::vector<Tensor> g = autograd::grad({y.sum()}, {given[0].second, given[2].second});
+  const std::vector<Tensor> ge =
+      autograd::grad({expected.sum()}, {given[0].second, given[2].second});
+  for (size_t i = 0; i < 2; ++i) expect_close(g[i], ge[i], 1e-15, 0, "its gradient");
+  // the module's own are back, in the registry and in the members
+  const nn::NamedTensors after = net->named_parameters();
+  for (size_t i = 0; i < own.size(); ++i)
+    BOOST_TEST(after[i].second.impl() == own[i].second.impl());
+  expect_close(net->forward(x),
+               linear(tanh(linear(x, own[0].second, own[1].second)), own[2].second, own[3].second),
+               1e-15, 0, "the module's own forward");
+  // also when fn throws
+  BOOST_CHECK_THROW(nn::functional_call(*net, given, [&]() -> Tensor { throw Error("inside"); }),
+                    Error);
+  BOOST_TEST(net->named_parameters()[0].second.impl() == own[0].second.impl());
+  // only some names: the others stay the module's
+  const Tensor half = nn::functional_call(*net, {given[2]}, forward);
+  expect_close(half.detach(),
+               linear(tanh(linear(x, own[0].second, own[1].second)), given[2].second, own[3].second)
+                   .detach(),
+               1e-15, 0, "one name replaced");
+  // tied weights: one tensor under two names is replaced under both (members too)
+  TiedPair tied;
+  const Tensor w = tied.a, w2 = randn({3, 3}), xf = randn({2, 3});
+  const Tensor yt = nn::functional_call(tied, {{"a", w2}}, [&] {
+    BOOST_TEST(tied.b.impl() == w2.impl());
+    return tied.forward(xf);
+  });
+  expect_close(yt, linear(linear(xf, w2), w2), 1e-6, 0, "tied");
+  BOOST_TEST((tied.a.impl() == w.impl() && tied.b.impl() == w.impl()));
+  expect_error(
+      [&] {
+        nn::functional_call(tied, {{"a", w2}, {"b", randn({3, 3})}}, forward);
+      },
+      {"functional_call", "'b'", "tied"});
+  expect_error(
+      [&] {
+        nn::functional_call(*net, {{"2.wieght", x}}, forward);
+      },
+      {"functional_call", "Sequential", "2.wieght"});
+  expect_error(
+      [&] {
+        nn::functional_call(*net, {{"0.weight", own[2].second}}, forward);
+      },
+      {"functional_call", "0.weight", "own '2.weight'"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
