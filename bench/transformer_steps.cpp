@@ -127,30 +127,60 @@ std::function<void()> make_products_alone(Config c, bool tiny) {
   };
 }
 
-// Step B's model and batch without the optimizer (dropout 0.1, train mode): the gradient of the
-// loss with respect to every parameter, or a Hessian-vector product of it (issue 34: at most 3x
-// the gradient's time): the gradient recorded (create_graph), then the gradient of g·v, as
-// autograd::functional::vhp computes it (H is symmetric, so this is H v).
-std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
-  if (tiny) c = {c.name, 11, 1, 16, 32, 2, 2, 5};
-  auto model = nn::make_model(c.V, c.V, c.N, c.d_model, c.d_ff, c.h, 0.1);
-  model->train();
-  auto criterion = std::make_shared<nn::LabelSmoothing>(c.V, 0, 0.1);
-  Tensor data = randint(1, c.V, {c.batch, c.length});
-  data.narrow(1, 0, 1).fill_(1);
-  model->to(bench_device());
-  auto batch =
-      std::make_shared<nn::Batch>(nn::Batch(data.clone(), data.clone(), 0).to(bench_device()));
-  const std::vector<Tensor> params = model->parameters();
-  std::vector<Tensor> v;
-  for (const Tensor& p : params) v.push_back(randn(p.shape()).to(bench_device()));
-  return [=] {
+// Step B's model and batch without the optimizer (dropout 0.1, train mode), its loss, its
+// parameters (named) and a direction v of their shapes.
+struct SecondOrder {
+  std::shared_ptr<nn::EncoderDecoder> model;
+  std::shared_ptr<nn::LabelSmoothing> criterion;
+  std::shared_ptr<nn::Batch> batch;
+  nn::NamedTensors named;
+  std::vector<Tensor> params, v;
+
+  SecondOrder(Config c, bool tiny) {
+    if (tiny) c = {c.name, 11, 1, 16, 32, 2, 2, 5};
+    model = nn::make_model(c.V, c.V, c.N, c.d_model, c.d_ff, c.h, 0.1);
+    model->train();
+    criterion = std::make_shared<nn::LabelSmoothing>(c.V, 0, 0.1);
+    Tensor data = randint(1, c.V, {c.batch, c.length});
+    data.narrow(1, 0, 1).fill_(1);
+    model->to(bench_device());
+    batch =
+        std::make_shared<nn::Batch>(nn::Batch(data.clone(), data.clone(), 0).to(bench_device()));
+    named = model->named_parameters();
+    for (const auto& [name, p] : named) {
+      params.push_back(p);
+      v.push_back(randn(p.shape()).to(bench_device()));
+    }
+  }
+  Tensor loss() const {
     copy_task::SimpleLossCompute loss_compute(*model->generator, *criterion);
     const Tensor out = model->forward(batch->src, batch->tgt, batch->src_mask, batch->tgt_mask);
-    const Tensor loss = loss_compute(out, batch->tgt_y, batch->ntokens).loss;
-    const std::vector<Tensor> g = autograd::grad({loss}, params, {}, std::nullopt, hvp);
-    if (hvp) autograd::grad(g, params, v);
+    return loss_compute(out, batch->tgt_y, batch->ntokens).loss;
+  }
+};
+
+// The gradient of step B's loss with respect to every parameter, or a Hessian-vector product of
+// it (issue 34: at most 3x the gradient's time): the gradient recorded (create_graph), then the
+// gradient of g·v (H is symmetric, so this is H v).
+std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
+  const auto s = std::make_shared<SecondOrder>(c, tiny);
+  return [s, hvp] {
+    const std::vector<Tensor> g = autograd::grad({s->loss()}, s->params, {}, std::nullopt, hvp);
+    if (hvp) autograd::grad(g, s->params, s->v);
   };
+}
+
+// The same product as autograd::functional::vhp(f, params, v) takes it, f the loss as a function
+// of the parameters (nn::functional_call, torch.func's): its first gradient is only
+// differentiated, never read (Note [Results for their graph alone]).
+std::function<void()> make_functional_vhp(Config c, bool tiny) {
+  const auto s = std::make_shared<SecondOrder>(c, tiny);
+  const autograd::functional::Fn loss = [s](const std::vector<Tensor>& xs) {
+    nn::NamedTensors given;
+    for (size_t i = 0; i < xs.size(); ++i) given.emplace_back(s->named[i].first, xs[i]);
+    return nn::functional_call(*s->model, given, [&] { return s->loss(); });
+  };
+  return [s, loss] { (void)autograd::functional::vhp(loss, s->params, s->v); };
 }
 
 void add_transformer_workloads() {
@@ -159,6 +189,8 @@ void add_transformer_workloads() {
                         [b](bool tiny) { return make_second_order(b, tiny, false); }, 0, true});
   registry().push_back({"second-order/B hvp", step_flops(b),
                         [b](bool tiny) { return make_second_order(b, tiny, true); }, 0, true});
+  registry().push_back({"second-order/B vhp (functional)", step_flops(b),
+                        [b](bool tiny) { return make_functional_vhp(b, tiny); }, 0, true});
   const Config a{"transformer/A copy V=11 N=2 d=512 b=80 len=10", 11, 2, 512, 2048, 8, 80, 10};
   const Config c{"transformer/C base V=1000 N=6 d=512 b=32 len=32", 1000, 6, 512, 2048, 8, 32, 32};
   for (const Config& w : {a, b, c})
