@@ -346,6 +346,49 @@ for _hvp, _suffix in ((False, "gradient"), (True, "hvp")):
     second_order("second-order/B " + _suffix, _hvp, *TRANSFORMERS[1][1:])
 
 
+class _LossOf(nn.Module):
+    """The model's loss on one batch as a module, so that functional_call swaps every parameter
+    the loss uses (the generator's too) while it runs."""
+
+    def __init__(self, model, loss_compute):
+        super().__init__()
+        self.model = model
+        self.loss_compute = loss_compute
+
+    def forward(self, b):
+        out = self.model.forward(b.src, b.tgt, b.src_mask, b.tgt_mask)
+        return self.loss_compute(out, b.tgt_y, b.ntokens)[1]
+
+
+def second_order_functional(name, *config):
+    """The Hessian-vector product as torch.autograd.functional.vhp of the loss as a function of
+    the parameters (torch.func.functional_call), as ember_bench's autograd::functional::vhp with
+    nn::functional_call."""
+    ON_DEVICE.add(name)
+
+    @workload(name, transformer_flops(*config))
+    def _(tiny):
+        model, loss_compute, batch_, _ = transformer_setup(tiny, *config)
+        try:
+            from torch.func import functional_call
+        except ImportError:  # PyTorch 1.13
+            from torch.nn.utils.stateless import functional_call
+        loss_of = _LossOf(model, loss_compute)
+        names = [n for n, _ in loss_of.named_parameters()]
+        params = tuple(p.detach() for _, p in loss_of.named_parameters())
+        v = tuple(torch.randn_like(p) for p in params)
+
+        def f(*xs):
+            return functional_call(loss_of, dict(zip(names, xs)), (batch_,))
+
+        def step():
+            torch.autograd.functional.vhp(f, params, v)
+        return step
+
+
+second_order_functional("second-order/B vhp (functional)", *TRANSFORMERS[1][1:])
+
+
 # --- harness
 
 def wait_for_device():
