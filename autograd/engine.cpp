@@ -25,9 +25,9 @@ void check_finite(const Tensor& g, const Node& node, size_t input) {
 }
 
 // Note [Results for their graph alone]
-// autograd::functional's vhp, hvp and jvp take a first gradient under create_graph only to
-// differentiate it: its value is never read (vhp returns the gradient of g·v, not g). They run it
-// as detail::grad_for_graph, and the engine marks, for each Node it runs, the inputs whose
+// autograd::functional's vhp, hvp, jvp and hessian take a first gradient under create_graph only
+// to differentiate it: its value is never read (vhp returns the gradient of g·v, not g). They run
+// it as detail::grad_for_graph, and the engine marks, for each Node it runs, the inputs whose
 // gradient goes straight to a captured input that runs no further (a result):
 // Node::value_unused. Such a Node may return zeros there, recorded exactly as the real gradient
 // would be (the same Node, the same saved tensors), and skip computing the value: a linear

@@ -29,8 +29,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 namespace detail {
 // autograd::grad under create_graph (allow_unused) for results that will be differentiated and
-// never read (autograd::functional's vhp, hvp, jvp): a Node may leave such a result's value as
-// zeros and skip its work (Note [Results for their graph alone] in autograd/engine.cpp).
+// never read (autograd::functional's vhp, hvp, jvp, hessian): a Node may leave such a result's
+// value as zeros and skip its work (Note [Results for their graph alone] in autograd/engine.cpp).
 std::vector<Tensor> grad_for_graph(const std::vector<Tensor>& outputs,
                                    const std::vector<Tensor>& inputs,
                                    const std::vector<Tensor>& grad_outputs);

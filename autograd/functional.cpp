@@ -183,7 +183,7 @@ Tensor hessian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x, b
     const Tensor out = call([&](const std::vector<Tensor>& in) { return f(in[0]); }, {z}, op);
     check_one_element(out, op);
     if (!out.requires_grad()) return zeros(z.shape(), z.dtype(), z.device());
-    const Tensor g = grad({out}, {z}, {}, true, true, true)[0];
+    const Tensor g = detail::grad_for_graph({out}, {z}, {})[0];  // only differentiated
     return g.defined() ? g : zeros(z.shape(), z.dtype(), z.device());
   };
   return jacobian_of(gradient, x, create_graph, op);

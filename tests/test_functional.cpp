@@ -181,7 +181,7 @@ BOOST_AUTO_TEST_CASE(errors) {
                {"jacobian:", "Bool", "floating"});
 }
 
-// Note [Results for their graph alone]: vhp, hvp and jvp take their first gradient only to
+// Note [Results for their graph alone]: vhp, hvp, jvp and hessian take their first gradient only to
 // differentiate it, and a Node may then leave a result's value as zeros (linear's weight and bias
 // gradients do). Which inputs the engine marks, and that the transforms' values are those of
 // autograd::grad taken twice, with linear layers (a weight used twice too), in Float64.
@@ -238,6 +238,13 @@ BOOST_AUTO_TEST_CASE(first_gradient_for_its_graph_alone) {
   const std::vector<Tensor> vjp_u = autograd::grad({layers(p)}, p, {u}, std::nullopt, true);
   const Tensor jv = autograd::grad(vjp_u, {u}, v)[0];
   expect_close(j.jvp, jv, 1e-13, 1e-14, "jvp of the linear layers");
+  // hessian in the weight alone, contracted with vW: H vW of autograd::grad twice
+  const auto of_weight = [&](const Tensor& weight) { return net({in, weight, b}); };
+  const Tensor hess = F::hessian(of_weight, W);  // (3, 3, 3, 3)
+  const Tensor wl2 = W.detach().requires_grad_();
+  const Tensor gw = autograd::grad({of_weight(wl2)}, {wl2}, {}, std::nullopt, true)[0];
+  expect_close((hess * vW).sum({2, 3}), autograd::grad({gw}, {wl2}, {vW})[0], 1e-13, 1e-14,
+               "hessian of the linear layers");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
