@@ -8,6 +8,7 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/nw_regression.h"
+#include "nn/pooling.h"
 #include "nn/rnn_utils.h"
 #include "nn/serialization.h"
 #include "nn/transformer.h"

@@ -1,0 +1,568 @@
+// Pooling: max_pool1d/2d (and max_pool2d_with_indices), avg_pool1d/2d and
+// adaptive_avg_pool1d/2d. One 2-D implementation carries all of them: a 1-D input (N, C, L) runs
+// as (N, C, 1, L) with a window of height 1, and every op is described by its windows along each
+// spatial dim (Note [Pooling windows]). On the CPU, kernels parallel over the N·C planes; on a
+// device, the same windows as a table of flat positions, gathered and reduced by existing ops.
+//
+// Note [Pooling windows]
+// Along one spatial dim of size L, output o of a pooling reads the taps begin[o], begin[o] + step,
+// … below end[o], every one inside the input: padding is left out (max pooling's -inf never wins
+// over an input value, an average's zeros add nothing) and counted only in the divisor. So every
+// pooling here is a product of its two dims' windows, and an average's divisor is divisor_h[oh] ·
+// divisor_w[ow] (torch's (hend - hstart)·(wend - wstart), with or without the padding).
+//   max pooling:  start = o·stride - padding, taps start + j·dilation for j < kernel, the
+//                 first inside the input and those below L (torch's ih0 / ih1);
+//   avg pooling:  [max(start, 0), min(start + kernel, L)), divisor min(start + kernel, L +
+//                 padding) - start with count_include_pad, else the taps' count;
+//   adaptive:     [floor(o·L/O), ceil((o+1)·L/O)), divisor its length.
+// A max window may hold no tap at all (dilation stepping over a small input from the padding):
+// torch gives -inf and an index of its first tap position; its gradient is zero.
+//
+// Note [Pooling backward]
+// Max pooling is x's values picked at the argmax indices, so its input gradient is dY added at
+// those indices into zeros of each plane (N, C, H·W): scatter_add, whose own derivative gathers
+// the cotangent at the same indices. Average pooling is linear, y = A x per plane: its backward
+// is the adjoint Aᵀ dY (avg_pool2d_backward, a kernel recorded as an op) and that op's backward
+// is A again (the forward kernel), so each differentiates as often as asked. On a device the ops
+// are composed of gather, max, sum and cat, whose derivatives autograd already has.
+#include "ops/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/profile.h"
+#include "graph/strided.h"
+#include "ops/common.h"
+#include "ops/elementwise.h"
+#include "ops/index.h"
+#include "ops/reduce.h"
+
+namespace ember {
+
+namespace {
+
+// The windows along one spatial dim of size `in` (Note [Pooling windows]).
+struct Axis {
+  int64_t in = 1, step = 1;
+  std::vector<int64_t> begin, end, divisor;
+  int64_t out() const { return static_cast<int64_t>(begin.size()); }
+  int64_t taps(int64_t o) const {
+    return begin[o] < end[o] ? (end[o] - begin[o] + step - 1) / step : 0;
+  }
+  bool any_empty() const {
+    for (int64_t o = 0; o < out(); ++o)
+      if (taps(o) == 0) return true;
+    return false;
+  }
+};
+
+// A pooling's windows over (H, W) and the op names it records.
+struct Pool2d {
+  Axis h, w;
+  std::string_view op;       // the forward ("avg_pool2d")
+  std::string_view adjoint;  // a linear pooling's backward op ("avg_pool2d_backward")
+};
+
+// 1-D pooling's H: one window over a dim of size 1.
+Axis unit_axis() { return {1, 1, {0}, {1}, {1}}; }
+
+// torch's pooling_output_shape: floor (or ceil) of the windows that fit, less a last window
+// starting past the input and its left padding.
+int64_t pooled_size(int64_t L, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = L + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0);
+  int64_t o = (span >= 0 ? span / s : -((-span + s - 1) / s)) + 1;
+  if (ceil_mode && (o - 1) * s >= L + p) --o;
+  return o;
+}
+
+Axis max_axis(int64_t L, int64_t O, int64_t k, int64_t s, int64_t p, int64_t d) {
+  Axis a{L, d, {}, {}, {}};
+  for (int64_t o = 0; o < O; ++o) {
+    int64_t start = o * s - p;
+    const int64_t end = std::min(start + (k - 1) * d + 1, L);
+    if (start < 0) start += (-start + d - 1) / d * d;
+    a.begin.push_back(start), a.end.push_back(end), a.divisor.push_back(1);
+  }
+  return a;
+}
+
+Axis avg_axis(int64_t L, int64_t O, int64_t k, int64_t s, int64_t p, bool count_include_pad) {
+  Axis a{L, 1, {}, {}, {}};
+  for (int64_t o = 0; o < O; ++o) {
+    const int64_t start = o * s - p, end = std::min(start + k, L + p);
+    const int64_t b = std::max<int64_t>(start, 0), e = std::min(end, L);
+    a.begin.push_back(b), a.end.push_back(e);
+    a.divisor.push_back(count_include_pad ? end - start : e - b);
+  }
+  return a;
+}
+
+Axis adaptive_axis(int64_t L, int64_t O) {
+  Axis a{L, 1, {}, {}, {}};
+  for (int64_t o = 0; o < O; ++o) {
+    const int64_t b = o * L / O, e = ((o + 1) * L + O - 1) / O;
+    a.begin.push_back(b), a.end.push_back(e), a.divisor.push_back(e - b);
+  }
+  return a;
+}
+
+// --- arguments
+
+// x of n spatial dims as (N, C, H, W) (a 1-D input gains H = 1), and how to give the result
+// back x's rank.
+struct Planes {
+  Tensor x4;
+  bool unbatched = false;
+  int64_t n = 2;
+  Tensor restore(const Tensor& y4) const {
+    const Tensor y = n == 1 ? y4.squeeze(2) : y4;
+    return unbatched ? y.squeeze(0) : y;
+  }
+};
+
+Planes as_planes(const Tensor& x, int64_t n, std::string_view op) {
+  const SpatialInput in = batched_input(x, n, op);
+  return {n == 1 ? in.x.unsqueeze(2) : in.x, in.unbatched, n};
+}
+
+// The size of spatial dim i (of n) of x4.
+int64_t spatial_size(const Planes& p, int64_t i) { return p.x4.size(p.n == 1 ? 3 : 2 + i); }
+
+// Only the batch may be empty (torch: "with optional 0 dim batch size").
+void check_planes(const Tensor& x, const Planes& p, std::string_view op) {
+  bool empty = p.x4.size(1) == 0;
+  for (int64_t i = 0; i < p.n; ++i) empty = empty || spatial_size(p, i) == 0;
+  EMBER_CHECK(!empty,
+              "{}: expected non-empty channel and spatial dims (only the batch may be empty), "
+              "got an input of shape {}",
+              op, x.shape());
+}
+
+struct Window {
+  IntList kernel, stride, padding, dilation;
+};
+
+Window window_args(const IntList& kernel_size, const IntList& stride, const IntList& padding,
+                   const IntList& dilation, int64_t n, std::string_view op) {
+  Window w{expand_param(kernel_size, n, op, "kernel_size"),
+           {},
+           expand_param(padding, n, op, "padding"),
+           expand_param(dilation, n, op, "dilation")};
+  w.stride = stride.empty() ? w.kernel : expand_param(stride, n, op, "stride");
+  for (int64_t i = 0; i < n; ++i) {
+    EMBER_CHECK(w.kernel[i] > 0, "{}: kernel_size must be positive, got {}", op, w.kernel);
+    EMBER_CHECK(w.stride[i] > 0, "{}: stride must be positive, got {}", op, w.stride);
+    EMBER_CHECK(w.dilation[i] > 0, "{}: dilation must be positive, got {}", op, w.dilation);
+    EMBER_CHECK(w.padding[i] >= 0 && w.padding[i] <= w.kernel[i] / 2,
+                "{}: padding must be between 0 and half of kernel_size, got padding {} and "
+                "kernel_size {}",
+                op, w.padding, w.kernel);
+  }
+  return w;
+}
+
+// The output sizes of a window over each spatial dim; an Error naming `op` when one is below 1.
+IntList output_sizes(const Tensor& x, const Planes& p, const Window& w, bool ceil_mode,
+                     std::string_view op) {
+  IntList out;
+  for (int64_t i = 0; i < p.n; ++i)
+    out.push_back(pooled_size(spatial_size(p, i), w.kernel[i], w.stride[i], w.padding[i],
+                              w.dilation[i], ceil_mode));
+  for (int64_t o : out)
+    EMBER_CHECK(o >= 1,
+                "{}: output size {} is too small: kernel_size {} (dilation {}) is larger than "
+                "the input of shape {} padded by {}",
+                op, out, w.kernel, w.dilation, x.shape(), w.padding);
+  return out;
+}
+
+// The (H, W) windows from one Axis per spatial dim.
+Pool2d pool_of(std::vector<Axis> axes, std::string_view op, std::string_view adjoint = {}) {
+  if (axes.size() == 1) return {unit_axis(), std::move(axes[0]), op, adjoint};
+  return {std::move(axes[0]), std::move(axes[1]), op, adjoint};
+}
+
+// --- CPU kernels: x4 (N, C, H, W) of any strides, results contiguous; parallel over planes
+
+// The start of plane p (of N·C) of x4.
+template <class T>
+const T* plane_of(const T* data, const Tensor& x4, int64_t p) {
+  const int64_t C = x4.size(1);
+  return data + p / C * x4.stride(0) + p % C * x4.stride(1);
+}
+
+// out, idx (N·C, OH, OW): each window's max and its flat position h·W + w (the first of equal
+// maxima, the last NaN, as torch); idx may be null. Unit: W's stride is 1.
+template <class T, bool Unit>
+void max_pool_kernel(const Tensor& x4, const Pool2d& g, T* out, int64_t* idx) {
+  const T* px = x4.data<T>();
+  const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out(), W = g.w.in;
+  const int64_t sH = x4.stride(2), sW = Unit ? 1 : x4.stride(3), dH = g.h.step, dW = g.w.step;
+  parallel_for(
+      P,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const T* plane = plane_of(px, x4, p);
+          T* o = out + p * OH * OW;
+          int64_t* oi = idx ? idx + p * OH * OW : nullptr;
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t h0 = g.h.begin[oh], h1 = g.h.end[oh];
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const int64_t w0 = g.w.begin[ow], w1 = g.w.end[ow];
+              int64_t best = h0 * W + w0;
+              T m = -std::numeric_limits<T>::infinity();
+              for (int64_t h = h0; h < h1; h += dH) {
+                const T* row = plane + h * sH;
+                for (int64_t w = w0; w < w1; w += dW) {
+                  const T v = row[w * sW];
+                  if (v > m || std::isnan(v)) m = v, best = h * W + w;
+                }
+              }
+              o[oh * OW + ow] = m;
+              if (oi) oi[oh * OW + ow] = best;
+            }
+          }
+        }
+      },
+      row_grain(x4.size(2) * W));
+}
+
+// gx (N·C, H·W), zeroed: gy (N·C, O) contiguous added at idx; indices outside the plane (a window
+// without taps, Note [Pooling windows]) add nothing.
+template <class T>
+void max_pool_backward_kernel(const T* gy, const int64_t* idx, T* gx, int64_t P, int64_t O,
+                              int64_t HW) {
+  parallel_for(
+      P,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          for (int64_t o = 0; o < O; ++o) {
+            const int64_t i = idx[p * O + o];
+            if (i >= 0 && i < HW) gx[p * HW + i] += gy[p * O + o];
+          }
+      },
+      row_grain(HW + O));
+}
+
+// out (N·C, OH, OW) = each window's sum / (divisor_h · divisor_w) (y = A x), summed in double.
+template <class T>
+void avg_pool_kernel(const Tensor& x4, const Pool2d& g, T* out) {
+  const T* px = x4.data<T>();
+  const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out();
+  const int64_t sH = x4.stride(2), sW = x4.stride(3);
+  parallel_for(
+      P,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const T* plane = plane_of(px, x4, p);
+          T* o = out + p * OH * OW;
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              double sum = 0;
+              for (int64_t h = g.h.begin[oh]; h < g.h.end[oh]; ++h) {
+                const T* row = plane + h * sH;
+                if (sW == 1)
+                  for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) sum += row[w];
+                else
+                  for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) sum += row[w * sW];
+              }
+              const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
+              o[oh * OW + ow] = div == 0 ? T(0) : static_cast<T>(sum / static_cast<double>(div));
+            }
+        }
+      },
+      row_grain(x4.size(2) * x4.size(3)));
+}
+
+// gx (N·C, H, W), zeroed, += gy / (divisor_h · divisor_w) over each window (z = Aᵀ gy); gy
+// (N, C, OH, OW) of any strides.
+template <class T>
+void avg_pool_adjoint_kernel(const Tensor& gy, const Pool2d& g, T* gx) {
+  const T* pg = gy.data<T>();
+  const int64_t P = gy.size(0) * gy.size(1), OH = g.h.out(), OW = g.w.out(), W = g.w.in;
+  const int64_t HW = g.h.in * W, sH = gy.stride(2), sW = gy.stride(3);
+  parallel_for(
+      P,
+      [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const T* plane = plane_of(pg, gy, p);
+          T* o = gx + p * HW;
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
+              if (div == 0) continue;
+              const T delta = plane[oh * sH + ow * sW] / static_cast<T>(div);
+              for (int64_t h = g.h.begin[oh]; h < g.h.end[oh]; ++h)
+                for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) o[h * W + w] += delta;
+            }
+        }
+      },
+      row_grain(HW + OH * OW));
+}
+
+// --- max pooling's backward (Note [Pooling backward])
+
+// y = max of each window of x4 (N, C, H, W):  dX = scatter_add(zeros (N, C, H·W [+ 1]), 2, idx,
+// dY), idx the argmax indices (H·W where a window has no tap: a slot dropped afterwards).
+struct MaxPoolBackward final : Node {
+  MaxPoolBackward(const Tensor& indices, bool slot) : slot_(slot) { save(indices_, indices); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Shape& in = input_shapes[0];
+    const Tensor& g = grads[0];
+    const int64_t N = in[0], C = in[1], HW = in[2] * in[3], O = g.size(2) * g.size(3);
+    const Tensor& idx = indices_.get();
+    if (is_grad_enabled() || !g.device().is_cpu()) {  // create_graph, a device: in ops
+      const Tensor planes = zeros({N, C, HW + (slot_ ? 1 : 0)}, g.dtype(), g.device());
+      Tensor gx = scatter_add(planes, 2, idx.reshape({N, C, O}), g.reshape({N, C, O}));
+      if (slot_) gx = gx.narrow(2, 0, HW);
+      return {gx.reshape(in)};
+    }
+    const Tensor gy = g.contiguous();
+    Tensor gx = zeros(in, g.dtype(), g.device());
+    dispatch_float(g.dtype(), op(), [&]<class T>() {
+      max_pool_backward_kernel<T>(gy.data<T>(), idx.data<int64_t>(), gx.data<T>(), N * C, O, HW);
+    });
+    return {gx};
+  }
+  bool differentiable_backward() const override { return true; }
+  bool slot_;
+  SavedTensor indices_;
+};
+
+// idx with each window that has no tap pointing at the slot H·W (a copy; idx itself when none).
+Tensor indices_for_gradient(const Tensor& idx, const Pool2d& g) {
+  if (!g.h.any_empty() && !g.w.any_empty()) return idx;
+  Tensor out = idx.clone();
+  int64_t* pi = out.data<int64_t>();
+  const int64_t OH = g.h.out(), OW = g.w.out(), P = idx.numel() / std::max<int64_t>(OH * OW, 1);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow)
+        if (g.h.taps(oh) == 0 || g.w.taps(ow) == 0) pi[(p * OH + oh) * OW + ow] = g.h.in * g.w.in;
+  return out;
+}
+
+// --- linear pooling (average, adaptive average) and its adjoint, as two ops
+
+Tensor linear_pool(const Tensor& x4, const std::shared_ptr<const Pool2d>& g);
+Tensor linear_pool_adjoint(const Tensor& gy, const std::shared_ptr<const Pool2d>& g);
+
+// y = A x (an average per window):  dX = Aᵀ dY
+struct LinearPoolBackward final : Node {
+  explicit LinearPoolBackward(std::shared_ptr<const Pool2d> g) : pool_(std::move(g)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {linear_pool_adjoint(grads[0], pool_)};
+  }
+  bool differentiable_backward() const override { return true; }
+  std::shared_ptr<const Pool2d> pool_;
+};
+
+// z = Aᵀ g:  dG = A dZ
+struct LinearPoolAdjointBackward final : Node {
+  explicit LinearPoolAdjointBackward(std::shared_ptr<const Pool2d> g) : pool_(std::move(g)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {linear_pool(grads[0], pool_)};
+  }
+  bool differentiable_backward() const override { return true; }
+  std::shared_ptr<const Pool2d> pool_;
+};
+
+// x4 (N, C, H, W) on the CPU -> (N, C, OH, OW)
+Tensor linear_pool(const Tensor& x4, const std::shared_ptr<const Pool2d>& g) {
+  Tensor out = empty({x4.size(0), x4.size(1), g->h.out(), g->w.out()}, x4.dtype(), x4.device());
+  dispatch_float(x4.dtype(), g->op, [&]<class T>() { avg_pool_kernel<T>(x4, *g, out.data<T>()); });
+  return record<LinearPoolBackward>(g->op, out, {x4}, g);
+}
+
+// gy (N, C, OH, OW) on the CPU -> (N, C, H, W)
+Tensor linear_pool_adjoint(const Tensor& gy, const std::shared_ptr<const Pool2d>& g) {
+  profile::Scope scope(g->adjoint);
+  Tensor out = zeros({gy.size(0), gy.size(1), g->h.in, g->w.in}, gy.dtype(), gy.device());
+  dispatch_float(gy.dtype(), g->adjoint,
+                 [&]<class T>() { avg_pool_adjoint_kernel<T>(gy, *g, out.data<T>()); });
+  return record<LinearPoolAdjointBackward>(g->adjoint, out, {gy}, g);
+}
+
+// --- on a device: the windows as a table of flat positions (Note [Pooling backward])
+
+// The (OH·OW, K) table of each window's flat positions h·W + w, K the most taps of any window,
+// H·W where a window has fewer.
+Tensor window_table(const Pool2d& g) {
+  int64_t kh = 1, kw = 1;
+  for (int64_t o = 0; o < g.h.out(); ++o) kh = std::max(kh, g.h.taps(o));
+  for (int64_t o = 0; o < g.w.out(); ++o) kw = std::max(kw, g.w.taps(o));
+  const int64_t OH = g.h.out(), OW = g.w.out(), W = g.w.in, HW = g.h.in * W, K = kh * kw;
+  std::vector<int64_t> table(static_cast<size_t>(OH * OW * K), HW);
+  for (int64_t oh = 0; oh < OH; ++oh)
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      int64_t* t = table.data() + (oh * OW + ow) * K;
+      for (int64_t i = 0; i < g.h.taps(oh); ++i)
+        for (int64_t j = 0; j < g.w.taps(ow); ++j)
+          *t++ = (g.h.begin[oh] + i * g.h.step) * W + g.w.begin[ow] + j * g.w.step;
+    }
+  return from_vector(table, {OH * OW, K});
+}
+
+// x4 (N, C, H, W) on a device, each plane flattened with a slot holding `fill` appended, its
+// windows gathered: (N, C, OH·OW, K), and the table (on the device).
+struct Gathered {
+  Tensor windows, table;
+};
+Gathered gather_windows(const Tensor& x4, const Pool2d& g, double fill) {
+  const int64_t N = x4.size(0), C = x4.size(1), HW = g.h.in * g.w.in;
+  const Tensor table = window_table(g).to(x4.device());
+  const int64_t O = table.size(0), K = table.size(1);
+  const Tensor planes =
+      cat({x4.reshape({N, C, HW}), full({N, C, 1}, fill, x4.dtype(), x4.device())}, 2);
+  const Tensor index = table.reshape({1, 1, O * K}).expand({N, C, O * K});
+  return {gather(planes, 2, index).reshape({N, C, O, K}), table};
+}
+
+MaxPoolResult max_pool_on_device(const Tensor& x4, const Pool2d& g, bool want_indices) {
+  const int64_t N = x4.size(0), C = x4.size(1), OH = g.h.out(), OW = g.w.out();
+  const Gathered w = gather_windows(x4, g, -std::numeric_limits<double>::infinity());
+  const MaxResult m = max(w.windows, 3, true);
+  MaxPoolResult out{m.values.reshape({N, C, OH, OW}), {}};
+  if (want_indices) {
+    const Tensor table =
+        w.table.reshape({1, 1, OH * OW, w.table.size(1)}).expand({N, C, OH * OW, w.table.size(1)});
+    out.indices = gather(table, 3, m.indices).reshape({N, C, OH, OW});
+  }
+  return out;
+}
+
+Tensor linear_pool_on_device(const Tensor& x4, const Pool2d& g) {
+  const int64_t N = x4.size(0), C = x4.size(1), OH = g.h.out(), OW = g.w.out();
+  std::vector<double> inverse;
+  for (int64_t oh = 0; oh < OH; ++oh)
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
+      inverse.push_back(div == 0 ? 0.0 : 1.0 / static_cast<double>(div));
+    }
+  const Tensor scale = from_vector(inverse, {OH * OW}, x4.dtype()).to(x4.device());
+  const Tensor sums = sum(gather_windows(x4, g, 0.0).windows, {3});
+  return mul(sums, scale).reshape({N, C, OH, OW});
+}
+
+// --- the ops
+
+MaxPoolResult max_pool(const Tensor& x, int64_t n, const IntList& kernel_size,
+                       const IntList& stride, const IntList& padding, const IntList& dilation,
+                       bool ceil_mode, bool want_indices, std::string_view op) {
+  profile::Scope scope(op);
+  const Planes p = as_planes(x, n, op);
+  const Window w = window_args(kernel_size, stride, padding, dilation, n, op);
+  check_planes(x, p, op);
+  const IntList out = output_sizes(x, p, w, ceil_mode, op);
+  std::vector<Axis> axes;
+  for (int64_t i = 0; i < n; ++i)
+    axes.push_back(max_axis(spatial_size(p, i), out[i], w.kernel[i], w.stride[i], w.padding[i],
+                            w.dilation[i]));
+  const Pool2d g = pool_of(std::move(axes), op);
+  const Tensor& x4 = p.x4;
+  MaxPoolResult r;
+  if (!x4.device().is_cpu()) {
+    r = max_pool_on_device(x4, g, want_indices);
+  } else {
+    const Shape shape{x4.size(0), x4.size(1), g.h.out(), g.w.out()};
+    const bool grad = any_requires_grad(x4);
+    r.values = empty(shape, x4.dtype(), x4.device());
+    if (want_indices || grad) r.indices = empty(shape, kInt64, x4.device());
+    int64_t* idx = r.indices.defined() ? r.indices.data<int64_t>() : nullptr;
+    dispatch_float(x4.dtype(), op, [&]<class T>() {
+      if (x4.stride(3) == 1)
+        max_pool_kernel<T, true>(x4, g, r.values.data<T>(), idx);
+      else
+        max_pool_kernel<T, false>(x4, g, r.values.data<T>(), idx);
+    });
+    const bool slot = g.h.any_empty() || g.w.any_empty();
+    r.values = record<MaxPoolBackward>(op, r.values, {x4},
+                                       grad ? indices_for_gradient(r.indices, g) : r.indices, slot);
+  }
+  return {p.restore(r.values), want_indices ? p.restore(r.indices) : Tensor()};
+}
+
+Tensor avg_pool(const Tensor& x, int64_t n, const IntList& kernel_size, const IntList& stride,
+                const IntList& padding, bool ceil_mode, bool count_include_pad, std::string_view op,
+                std::string_view adjoint) {
+  profile::Scope scope(op);
+  const Planes p = as_planes(x, n, op);
+  const Window w = window_args(kernel_size, stride, padding, {1}, n, op);
+  check_planes(x, p, op);
+  const IntList out = output_sizes(x, p, w, ceil_mode, op);
+  std::vector<Axis> axes;
+  for (int64_t i = 0; i < n; ++i)
+    axes.push_back(avg_axis(spatial_size(p, i), out[i], w.kernel[i], w.stride[i], w.padding[i],
+                            count_include_pad));
+  const auto g = std::make_shared<const Pool2d>(pool_of(std::move(axes), op, adjoint));
+  if (!p.x4.device().is_cpu()) return p.restore(linear_pool_on_device(p.x4, *g));
+  return p.restore(linear_pool(p.x4, g));
+}
+
+Tensor adaptive_avg_pool(const Tensor& x, int64_t n, const IntList& output_size,
+                         std::string_view op, std::string_view adjoint) {
+  profile::Scope scope(op);
+  const Planes p = as_planes(x, n, op);
+  const IntList out = expand_param(output_size, n, op, "output_size");
+  for (int64_t o : out)
+    EMBER_CHECK(o >= 0, "{}: output_size must be non-negative, got {}", op, out);
+  std::vector<Axis> axes;
+  for (int64_t i = 0; i < n; ++i) {
+    EMBER_CHECK(spatial_size(p, i) > 0,
+                "{}: expected non-empty spatial dims, got an input of shape {}", op, x.shape());
+    axes.push_back(adaptive_axis(spatial_size(p, i), out[i]));
+  }
+  const auto g = std::make_shared<const Pool2d>(pool_of(std::move(axes), op, adjoint));
+  if (!p.x4.device().is_cpu()) return p.restore(linear_pool_on_device(p.x4, *g));
+  return p.restore(linear_pool(p.x4, g));
+}
+
+}  // namespace
+
+Tensor max_pool1d(const Tensor& x, IntList kernel_size, IntList stride, IntList padding,
+                  IntList dilation, bool ceil_mode) {
+  return max_pool(x, 1, kernel_size, stride, padding, dilation, ceil_mode, false, "max_pool1d")
+      .values;
+}
+
+Tensor max_pool2d(const Tensor& x, IntList kernel_size, IntList stride, IntList padding,
+                  IntList dilation, bool ceil_mode) {
+  return max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode, false, "max_pool2d")
+      .values;
+}
+
+MaxPoolResult max_pool2d_with_indices(const Tensor& x, IntList kernel_size, IntList stride,
+                                      IntList padding, IntList dilation, bool ceil_mode) {
+  return max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode, true,
+                  "max_pool2d_with_indices");
+}
+
+Tensor avg_pool1d(const Tensor& x, IntList kernel_size, IntList stride, IntList padding,
+                  bool ceil_mode, bool count_include_pad) {
+  return avg_pool(x, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, "avg_pool1d",
+                  "avg_pool1d_backward");
+}
+
+Tensor avg_pool2d(const Tensor& x, IntList kernel_size, IntList stride, IntList padding,
+                  bool ceil_mode, bool count_include_pad) {
+  return avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, "avg_pool2d",
+                  "avg_pool2d_backward");
+}
+
+Tensor adaptive_avg_pool1d(const Tensor& x, IntList output_size) {
+  return adaptive_avg_pool(x, 1, output_size, "adaptive_avg_pool1d",
+                           "adaptive_avg_pool1d_backward");
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, IntList output_size) {
+  return adaptive_avg_pool(x, 2, output_size, "adaptive_avg_pool2d",
+                           "adaptive_avg_pool2d_backward");
+}
+
+}  // namespace ember
