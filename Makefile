@@ -5,10 +5,11 @@ TSAN_BUILD ?= build-tsan
 JOBS       ?= 2
 # pocketsphinx-en-us: the CMU Pronouncing Dictionary (without stress) that examples/g2p trains on;
 # fortunes: the text examples/char_lm trains on;
-# openmpi-bin, libopenmpi-dev: mpirun and MPI for distributed/ (data-parallel training).
+# openmpi-bin, libopenmpi-dev: mpirun and MPI for distributed/ (data-parallel training);
+# dataset-fashion-mnist: the gzipped IDX files examples/fashion_mnist trains on, read with zlib.
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
               libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
-              libopenmpi-dev
+              libopenmpi-dev dataset-fashion-mnist zlib1g-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build demo test test-asan test-tsan bench format clean
