@@ -5,5 +5,6 @@
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "data/fashion_mnist.h"
+#include "data/image_transforms.h"
 #include "data/sampler.h"
 #include "data/vocab.h"

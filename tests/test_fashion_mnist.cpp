@@ -1,6 +1,8 @@
 // Fashion-MNIST and its IDX reader: the real dataset against numbers read from the same files by
 // tests/golden/gen_fashion_mnist.py (skipped when dataset-fashion-mnist is absent), classes(),
-// and hostile IDX files written here (each an Error naming the file and the fault).
+// hostile IDX files written here (each an Error naming the file and the fault), and the batch
+// augmentations: shapes, flips and crops against references drawn from the same generator,
+// determinism under manual_seed and across a restored generator state, and their errors.
 #include <unistd.h>
 
 #include <chrono>
@@ -175,6 +177,28 @@ void check_split(const FashionMNIST& ds, const std::string& split) {
   expect_error([&] { ds.get(n); }, {"FashionMNIST", std::to_string(n), "out of range"});
   expect_error([&] { ds.get(-1); }, {"FashionMNIST", "-1", "out of range"});
   expect_error([&] { ds.batch({0, n}); }, {"FashionMNIST::batch", std::to_string(n)});
+}
+
+// --- transforms ----------------------------------------------------------------------------------
+
+// (N, C, H, W) Float32 of distinct values.
+Tensor numbered(int64_t n, int64_t c, int64_t h, int64_t w) {
+  return arange(1, 1 + static_cast<double>(n * c * h * w)).reshape({n, c, h, w});
+}
+
+// The crop of image n of x (N, C, H, W) at (top, left) of x zero-padded by padding: the plain loop.
+std::vector<float> crop_reference(const Tensor& x, int64_t n, int64_t top, int64_t left,
+                                  int64_t size, int64_t padding) {
+  const int64_t C = x.size(1), H = x.size(2), W = x.size(3);
+  std::vector<float> out;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t y = 0; y < size; ++y)
+      for (int64_t j = 0; j < size; ++j) {
+        const int64_t r = top + y - padding, col = left + j - padding;
+        const bool inside = r >= 0 && r < H && col >= 0 && col < W;
+        out.push_back(inside ? x.data<float>()[((n * C + c) * H + r) * W + col] : 0.0f);
+      }
+  return out;
 }
 
 }  // namespace
@@ -358,6 +382,127 @@ BOOST_AUTO_TEST_CASE(inconsistent_datasets) {
              gzip_stored(idx_file(2051, {1, 32, 32}, ramp(1024))));
   expect_error([&] { FashionMNIST ds(dir.path.string()); },
                {"FashionMNIST", "train-images-idx3-ubyte.gz", "images of 32 x 32", "28 x 28"});
+}
+
+BOOST_AUTO_TEST_CASE(flip_reverses_columns) {
+  const Tensor x = numbered(64, 2, 3, 5);
+  const Tensor all = data::random_horizontal_flip(x, 1.0);
+  BOOST_TEST((all.shape() == x.shape()));
+  BOOST_TEST(same(all, x.index_select(3, from_vector(std::vector<int64_t>{4, 3, 2, 1, 0}, {5}))));
+  BOOST_TEST(same(data::random_horizontal_flip(x, 0.0), x));
+  // p = 0.5: image n flips where the generator's n-th uniform is below p (rand's draws).
+  manual_seed(11);
+  const Tensor half = data::random_horizontal_flip(x);
+  manual_seed(11);
+  const auto u = rand({64}, kFloat64).to_vector<double>();
+  int flipped = 0;
+  for (int64_t n = 0; n < 64; ++n) {
+    const bool flip = u[static_cast<size_t>(n)] < 0.5;
+    flipped += flip;
+    BOOST_TEST(same(half.select(0, n), (flip ? all : x).select(0, n)), n);
+  }
+  BOOST_TEST((flipped > 10 && flipped < 54));
+  // One image (C, H, W), other dtypes, a non-contiguous view.
+  const Tensor one = data::random_horizontal_flip(x.select(0, 3), 1.0);
+  BOOST_TEST(same(one, all.select(0, 3)));
+  const Tensor ints = x.to(kInt64);
+  BOOST_TEST(same(data::random_horizontal_flip(ints, 1.0), all.to(kInt64)));
+  const Tensor doubles = x.to(kFloat64);
+  BOOST_TEST(same(data::random_horizontal_flip(doubles, 1.0), all.to(kFloat64)));
+  const Tensor bools = x.gt(100.0);
+  BOOST_TEST(same(data::random_horizontal_flip(bools, 1.0), all.gt(100.0)));
+  const Tensor strided = x.transpose(2, 3);  // (64, 2, 5, 3)
+  BOOST_TEST(same(data::random_horizontal_flip(strided, 1.0),
+                  data::random_horizontal_flip(strided.contiguous(), 1.0)));
+  // Outside autograd.
+  const Tensor leaf_images = x.detach().requires_grad_();
+  BOOST_TEST(!data::random_horizontal_flip(leaf_images).requires_grad());
+}
+
+BOOST_AUTO_TEST_CASE(crop_matches_the_reference) {
+  const Tensor x = numbered(40, 2, 6, 7);
+  for (const auto& [size, padding] :
+       {std::pair<int64_t, int64_t>{6, 2}, {4, 0}, {3, 1}, {10, 2}, {1, 5}}) {
+    manual_seed(3);
+    const Tensor out = data::random_crop(x, size, padding);
+    BOOST_TEST((out.shape() == Shape{40, 2, size, size}));
+    // The offsets: per image a top then a left, each one randint draw.
+    manual_seed(3);
+    for (int64_t n = 0; n < 40; ++n) {
+      const int64_t top = randint(0, 6 + 2 * padding - size + 1, {1}).item<int64_t>();
+      const int64_t left = randint(0, 7 + 2 * padding - size + 1, {1}).item<int64_t>();
+      BOOST_TEST(
+          out.select(0, n).to_vector<float>() == crop_reference(x, n, top, left, size, padding),
+          boost::test_tools::per_element());
+    }
+  }
+  // Torchvision's RandomCrop(28, padding=4) on Fashion-MNIST-sized images: every offset of the
+  // 9 x 9 occurs across a large batch, and the zero border shows where expected.
+  const Tensor ones_images = ones({512, 1, 28, 28});
+  manual_seed(0);
+  const Tensor crops = data::random_crop(ones_images, 28, 4);
+  BOOST_TEST((crops.shape() == Shape{512, 1, 28, 28}));
+  const auto sums = crops.sum({1, 2, 3}).to_vector<float>();
+  BOOST_TEST(*std::min_element(sums.begin(), sums.end()) == 24.0f * 24.0f);  // both offsets at 4
+  BOOST_TEST(*std::max_element(sums.begin(), sums.end()) == 28.0f * 28.0f);  // the centre
+  // One image, and a crop as large as the padded image (the only offset).
+  BOOST_TEST((data::random_crop(x.select(0, 0), 5).shape() == Shape{2, 5, 5}));
+  const Tensor full = data::random_crop(x.narrow(3, 0, 6), 8, 1);
+  BOOST_TEST(full.select(0, 0).to_vector<float>() ==
+                 crop_reference(x.narrow(3, 0, 6).contiguous(), 0, 0, 0, 8, 1),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(augmentations_are_reproducible) {
+  const Tensor x = numbered(300, 1, 28, 28);
+  auto augment = [&] { return data::random_crop(data::random_horizontal_flip(x), 28, 4); };
+  manual_seed(7);
+  const Tensor a = augment();
+  manual_seed(7);
+  BOOST_TEST(same(augment(), a));
+  manual_seed(8);
+  BOOST_TEST(!same(augment(), a));
+  // A resumed run restores the generator's state and sees the same batches.
+  const Tensor state = get_rng_state();
+  const Tensor next = augment();
+  set_rng_state(state);
+  BOOST_TEST(same(augment(), next));
+  // The copying splits over threads (300 images is above the grain): same result on one.
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  manual_seed(7);
+  const Tensor serial = augment();
+  set_num_threads(threads);
+  BOOST_TEST(same(serial, a));
+  // p does not change how many numbers a flip draws (Note [Augmentation draws]).
+  manual_seed(9);
+  data::random_horizontal_flip(x, 0.0);
+  const Tensor after0 = rand({4});
+  manual_seed(9);
+  data::random_horizontal_flip(x, 1.0);
+  BOOST_TEST(same(rand({4}), after0));
+}
+
+BOOST_AUTO_TEST_CASE(augmentation_errors) {
+  const Tensor x = zeros({2, 1, 28, 28});
+  expect_error([&] { data::random_horizontal_flip(x, -0.1); },
+               {"random_horizontal_flip", "p must be in [0, 1]", "-0.1"});
+  expect_error([&] { data::random_horizontal_flip(x, 1.5); }, {"random_horizontal_flip", "1.5"});
+  expect_error(
+      [&] {
+        data::random_horizontal_flip(zeros({28, 28}));
+      },
+      {"random_horizontal_flip", "(N, C, H, W) or (C, H, W)", "[28, 28]"});
+  expect_error(
+      [&] {
+        data::random_crop(zeros({1, 2, 1, 28, 28}), 28);
+      },
+      {"random_crop", "[1, 2, 1, 28, 28]"});
+  expect_error([&] { data::random_crop(x, 0); }, {"random_crop", "size must be at least 1", "0"});
+  expect_error([&] { data::random_crop(x, 28, -1); },
+               {"random_crop", "padding must be non-negative", "-1"});
+  expect_error([&] { data::random_crop(x, 37, 4); },
+               {"random_crop", "size 37", "28 x 28 padded by 4 (36 x 36)"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
