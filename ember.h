@@ -20,6 +20,7 @@
 #include "ops/linalg.h"
 #include "ops/loss.h"
 #include "ops/nn_functional.h"
+#include "ops/norm.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"

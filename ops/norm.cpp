@@ -1,0 +1,572 @@
+// batch_norm and group_norm. On the CPU, fused kernels: the statistics of a channel (batch_norm)
+// or a group (group_norm) by the corrected two-pass sums of layer_norm, then normalisation and
+// the affine map in one pass as x · alpha + beta (torch's order: alpha = rstd · weight,
+// beta = bias - mean · alpha), parallel over channels or groups; first-order backwards as
+// kernels too. Under create_graph the backwards are the same formulas in ops, the statistics
+// recomputed from x, so that they differentiate again (Note [Double backward] in
+// graph/autograd.h). On a device both ops are composed of ops (mean, sum, elementwise), their
+// gradients following through them.
+#include "ops/norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "graph/autograd.h"
+#include "graph/creation.h"
+#include "graph/profile.h"
+#include "graph/strided.h"
+#include "ops/common.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+namespace ember {
+
+namespace {
+
+// x (N, C, *) seen as (N, C, S), S the product of the dims after C.
+struct Channels {
+  int64_t N = 0, C = 0, S = 1;
+};
+Channels channels_of(const Tensor& x) {
+  Channels ch{x.size(0), x.size(1), 1};
+  for (int64_t d = 2; d < x.dim(); ++d) ch.S *= x.size(d);
+  return ch;
+}
+
+// Every dim of a `dim`-D input but the channels' (dim 1).
+std::vector<int64_t> non_channel_dims(int64_t dim) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < dim; ++d) dims.push_back(d);
+  return dims;
+}
+
+// A (C) tensor as (1, C, 1, …) against an input of `dim` dims (a differentiable view);
+// undefined stays undefined.
+Tensor per_channel(const Tensor& p, int64_t dim) {
+  if (!p.defined()) return p;
+  Shape shape(static_cast<size_t>(dim), 1);
+  shape[1] = p.numel();
+  return p.reshape(shape);
+}
+
+// A contiguous copy (or t itself) for a kernel to read; the copy is data, not part of the graph.
+Tensor contiguous_data(const Tensor& t) {
+  if (!t.defined()) return t;
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <class T>
+T* data_or_null(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// --- kernels
+
+// Σ f(x[i]) over n contiguous elements: blocks of 256 summed in T (vectorised), the blocks in
+// double, so that long runs of Float32 keep their digits.
+template <class T, class F>
+double run_sum(const T* x, int64_t n, F f) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += 256) {
+    const int64_t e = std::min(n, b + 256);
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) s += f(x[i], i);
+    total += static_cast<double>(s);
+  }
+  return total;
+}
+
+struct Moments {
+  double mean = 0, var = 0;  // the biased variance
+};
+
+// Mean and biased variance of `runs` runs of `len` contiguous elements, run i at x + i · step,
+// M = runs · len > 0 elements: m = Σx / M, then the corrected two-pass sums of d = x - m, which
+// do not cancel however large the offset (Σd is m's rounding error):
+//   mean = m + Σd / M,  var = Σd² / M - (Σd / M)²
+template <class T>
+Moments moments(const T* x, int64_t runs, int64_t step, int64_t len) {
+  const double M = static_cast<double>(runs * len);
+  double sum = 0;
+  for (int64_t r = 0; r < runs; ++r)
+    sum += run_sum(x + r * step, len, [](T v, int64_t) { return v; });
+  const T m = static_cast<T>(sum / M);
+  double s1 = 0, s2 = 0;
+  for (int64_t r = 0; r < runs; ++r) {
+    const T* xr = x + r * step;
+    s1 += run_sum(xr, len, [m](T v, int64_t) { return v - m; });
+    s2 += run_sum(xr, len, [m](T v, int64_t) { return (v - m) * (v - m); });
+  }
+  const double c = s1 / M;
+  return {static_cast<double>(m) + c, std::max(s2 / M - c * c, 0.0)};
+}
+
+// y = x · alpha + beta over n contiguous elements.
+template <class T>
+void affine_run(const T* x, T* y, int64_t n, T alpha, T beta) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * alpha + beta;
+}
+
+// x, y (N, C, S) contiguous; weight, bias (C) or null. Per channel c, over its N runs of S:
+// mean and var (biased; both also in double, mean_d and var, for the running update) and rstd = 1 /
+// sqrt(var + eps), then
+//   y = x · alpha + beta,  alpha = rstd · weight[c],  beta = bias[c] - mean · alpha
+template <class T>
+void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                        double* mean_d, double* var, Channels ch, double eps) {
+  const int64_t N = ch.N, C = ch.C, S = ch.S;
+  parallel_for(
+      C,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          const Moments mo = moments(x + c * S, N, C * S, S);
+          const T mu = static_cast<T>(mo.mean), rs = static_cast<T>(1.0 / std::sqrt(mo.var + eps));
+          mean[c] = mu, rstd[c] = rs, mean_d[c] = mo.mean, var[c] = mo.var;
+          const T alpha = weight ? rs * weight[c] : rs;
+          const T beta = (bias ? bias[c] : T(0)) - mu * alpha;
+          for (int64_t n = 0; n < N; ++n)
+            affine_run(x + (n * C + c) * S, y + (n * C + c) * S, S, alpha, beta);
+        }
+      },
+      row_grain(N * S, costly_grain()));
+}
+
+// Backward of the forward above, g (N, C, S) contiguous; dx, dweight, dbias may be null. Per
+// channel, with M = N S, xhat = (x - mean) rstd and sums over the channel's N runs:
+//   dX = weight rstd (g - Σg / M - xhat Σ(g xhat) / M),  dW = Σ g xhat,  dB = Σ g
+// One pass for Σg and Σg (x - mean), one for dX.
+template <class T>
+void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
+                         T* dx, T* dweight, T* dbias, Channels ch) {
+  const int64_t N = ch.N, C = ch.C, S = ch.S;
+  const T inv_m = T(1) / static_cast<T>(N * S);
+  parallel_for(
+      C,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          const T mu = mean[c], rs = rstd[c];
+          double sg = 0, sgx = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            const T *gr = g + (n * C + c) * S, *xr = x + (n * C + c) * S;
+            sg += run_sum(gr, S, [](T v, int64_t) { return v; });
+            sgx += run_sum(gr, S, [xr, mu](T v, int64_t i) { return v * (xr[i] - mu); });
+          }
+          if (dweight) dweight[c] = static_cast<T>(sgx * rs);
+          if (dbias) dbias[c] = static_cast<T>(sg);
+          if (!dx) continue;
+          const T k1 = static_cast<T>(sg) * inv_m, k2 = static_cast<T>(sgx) * rs * rs * inv_m;
+          const T f = weight ? rs * weight[c] : rs;
+          for (int64_t n = 0; n < N; ++n) {
+            const int64_t at = (n * C + c) * S;
+            const T *gr = g + at, *xr = x + at;
+            T* dxr = dx + at;
+#pragma omp simd
+            for (int64_t s = 0; s < S; ++s) dxr[s] = (gr[s] - k1 - (xr[s] - mu) * k2) * f;
+          }
+        }
+      },
+      row_grain(2 * N * S, costly_grain()));
+}
+
+// x, y (N, C, S) contiguous in G groups of D = C / G channels: row r = n G + j holds the
+// K = D S contiguous elements of group j of sample n. weight, bias (C) or null; mean, rstd
+// (N G). Per row: mean and rstd = 1 / sqrt(var + eps), then for each channel c of the group
+//   y = x · alpha + beta,  alpha = rstd · weight[c],  beta = bias[c] - mean · alpha
+template <class T>
+void group_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                        Channels ch, int64_t G, double eps) {
+  const int64_t D = ch.C / G, S = ch.S, K = D * S;
+  parallel_for(
+      ch.N * G,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const Moments mo = moments(x + r * K, 1, K, K);
+          const T mu = static_cast<T>(mo.mean), rs = static_cast<T>(1.0 / std::sqrt(mo.var + eps));
+          mean[r] = mu, rstd[r] = rs;
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t c = (r % G) * D + d;
+            const T alpha = weight ? rs * weight[c] : rs;
+            const T beta = (bias ? bias[c] : T(0)) - mu * alpha;
+            affine_run(x + r * K + d * S, y + r * K + d * S, S, alpha, beta);
+          }
+        }
+      },
+      row_grain(K, costly_grain()));
+}
+
+// Backward of the forward above, g (N, C, S) contiguous; dx, dweight, dbias may be null. Per
+// row (K elements), with xhat = (x - mean) rstd and dxhat = g weight[c]:
+//   dX = rstd (dxhat - Σdxhat / K - xhat Σ(dxhat xhat) / K)
+//   dW[c] = Σ_n Σ_s g xhat,  dB[c] = Σ_n Σ_s g
+// Each row's channels' Σg and Σg (x - mean) go to (N, C) partials (dW, dB summed over N after),
+// and make the row's two sums; then a pass for dX.
+template <class T>
+void group_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
+                         T* dx, T* dweight, T* dbias, Channels ch, int64_t G) {
+  const int64_t N = ch.N, C = ch.C, S = ch.S;
+  const int64_t D = C / G, K = D * S;
+  std::vector<double> pg(static_cast<size_t>(N * C)), pgx(static_cast<size_t>(N * C));
+  const T inv_k = T(1) / static_cast<T>(K);
+  parallel_for(
+      N * G,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t n = r / G, c0 = (r % G) * D;
+          const T mu = mean[r], rs = rstd[r];
+          double s1 = 0, s2 = 0;  // Σ dxhat, Σ dxhat (x - mean)
+          for (int64_t d = 0; d < D; ++d) {
+            const T *gr = g + r * K + d * S, *xr = x + r * K + d * S;
+            const double a = run_sum(gr, S, [](T v, int64_t) { return v; });
+            const double b = run_sum(gr, S, [xr, mu](T v, int64_t i) { return v * (xr[i] - mu); });
+            pg[n * C + c0 + d] = a, pgx[n * C + c0 + d] = b;
+            const double w = weight ? static_cast<double>(weight[c0 + d]) : 1.0;
+            s1 += w * a, s2 += w * b;
+          }
+          if (!dx) continue;
+          const T k1 = static_cast<T>(s1) * inv_k, k2 = static_cast<T>(s2) * rs * rs * inv_k;
+          for (int64_t d = 0; d < D; ++d) {
+            const T w = weight ? weight[c0 + d] : T(1);
+            const T *gr = g + r * K + d * S, *xr = x + r * K + d * S;
+            T* dxr = dx + r * K + d * S;
+#pragma omp simd
+            for (int64_t s = 0; s < S; ++s) dxr[s] = rs * (gr[s] * w - k1 - (xr[s] - mu) * k2);
+          }
+        }
+      },
+      row_grain(2 * K, costly_grain()));
+  for (int64_t c = 0; c < C; ++c) {
+    double sw = 0, sb = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      sw += pgx[n * C + c] * static_cast<double>(rstd[n * G + c / D]);
+      sb += pg[n * C + c];
+    }
+    if (dweight) dweight[c] = static_cast<T>(sw);
+    if (dbias) dbias[c] = static_cast<T>(sb);
+  }
+}
+
+// --- backwards in ops (create_graph), and the forwards in ops (devices)
+
+// batch_norm's training backward in ops of (g, x, weight), the statistics recomputed from x
+// (the formulas of batch_norm_backward): {dX, dW, dB}, dW and dB of shape (C).
+std::vector<Tensor> batch_norm_backward_in_ops(const Tensor& g, const Tensor& x, const Tensor& w,
+                                               double eps) {
+  const std::vector<int64_t> dims = non_channel_dims(x.dim());
+  const int64_t C = x.size(1);
+  const double M = static_cast<double>(x.numel() / std::max<int64_t>(C, 1));
+  const Tensor mu = mean(x, dims, true), xc = sub(x, mu);
+  const Tensor rstd = pow(add(mean(mul(xc, xc), dims, true), eps), -0.5);
+  const Tensor xhat = mul(xc, rstd);
+  const Tensor db = sum(g, dims, true), dw = sum(mul(g, xhat), dims, true);
+  const Tensor f = w.defined() ? mul(rstd, per_channel(w, x.dim())) : rstd;
+  const Tensor dx = mul(sub(sub(g, div(db, M)), mul(xhat, div(dw, M))), f);
+  return {dx, dw.reshape({C}), db.reshape({C})};
+}
+
+// group_norm in ops: xhat of shape (N, G, K) with its rstd, from x.
+struct GroupStats {
+  Tensor xhat, rstd;
+};
+GroupStats group_stats(const Tensor& x, int64_t G, double eps) {
+  const Channels ch = channels_of(x);
+  const Tensor xg = x.reshape({ch.N, G, ch.C / G * ch.S});
+  const Tensor xc = sub(xg, mean(xg, {2}, true));
+  const Tensor rstd = pow(add(mean(mul(xc, xc), {2}, true), eps), -0.5);
+  return {mul(xc, rstd), rstd};
+}
+
+// group_norm's backward in ops of (g, x, weight) (the formulas of group_norm_backward).
+std::vector<Tensor> group_norm_backward_in_ops(const Tensor& g, const Tensor& x, const Tensor& w,
+                                               int64_t G, double eps) {
+  const Channels ch = channels_of(x);
+  const GroupStats st = group_stats(x, G, eps);
+  const Tensor dxhat =
+      (w.defined() ? mul(g, per_channel(w, x.dim())) : g).reshape({ch.N, G, ch.C / G * ch.S});
+  const Tensor dx = mul(st.rstd, sub(sub(dxhat, mean(dxhat, {2}, true)),
+                                     mul(st.xhat, mean(mul(dxhat, st.xhat), {2}, true))));
+  const std::vector<int64_t> dims = non_channel_dims(x.dim());
+  return {dx.reshape(x.shape()), sum(mul(g, st.xhat.reshape(x.shape())), dims), sum(g, dims)};
+}
+
+// The affine map of the normalised xhat (x's shape) with optional weight and bias.
+Tensor affine_in_ops(Tensor y, const Tensor& weight, const Tensor& bias) {
+  if (weight.defined()) y = mul(y, per_channel(weight, y.dim()));
+  if (bias.defined()) y = add(y, per_channel(bias, y.dim()));
+  return y;
+}
+
+// Gradients of an empty input: dX empty, dW and dB sums of nothing.
+std::vector<Tensor> empty_input_grads(const Node& node, const Tensor& x) {
+  std::vector<Tensor> out(3);
+  if (node.needs_grad(0)) out[0] = zeros(node.input_shapes[0], x.dtype(), x.device());
+  for (size_t i = 1; i < 3; ++i)
+    if (node.needs_grad(i)) out[i] = zeros(node.input_shapes[i], x.dtype(), x.device());
+  return out;
+}
+
+// batch_norm in training (see batch_norm_backward for the derivative). Saves x and weight (the
+// op's inputs, for the backward in ops) and the kernel's data: contiguous x and weight, mean,
+// rstd.
+struct BatchNormBackward final : Node {
+  BatchNormBackward(const Tensor& x, const Tensor& weight, const Tensor& xc, const Tensor& wc,
+                    const Tensor& mean, const Tensor& rstd, double eps)
+      : eps_(eps) {
+    save(x_, x), save(weight_, weight), save(xc_, xc), save(wc_, wc);
+    save(mean_, mean), save(rstd_, rstd);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor& x = xc_.get();
+    if (x.numel() == 0) return empty_input_grads(*this, x);
+    if (is_grad_enabled() || !g.device().is_cpu()) {
+      std::vector<Tensor> out = batch_norm_backward_in_ops(g, x_.get(), weight_.get(), eps_);
+      for (size_t i = 0; i < 3; ++i)
+        if (!needs_grad(i)) out[i] = Tensor();
+      return out;
+    }
+    const Tensor gc = g.contiguous();
+    Tensor dx, dw, db;
+    if (needs_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
+    if (needs_grad(1)) dw = empty(input_shapes[1], x.dtype(), x.device());
+    if (needs_grad(2)) db = empty(input_shapes[2], x.dtype(), x.device());
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
+      batch_norm_backward<T>(gc.data<T>(), x.data<T>(), data_or_null<T>(wc_.get()),
+                             mean_.get().data<T>(), rstd_.get().data<T>(), data_or_null<T>(dx),
+                             data_or_null<T>(dw), data_or_null<T>(db), channels_of(x));
+    });
+    return {dx, dw, db};
+  }
+  bool differentiable_backward() const override { return true; }
+  double eps_;
+  SavedTensor x_, weight_;             // the op's inputs
+  SavedTensor xc_, wc_, mean_, rstd_;  // the kernel's data
+};
+
+// group_norm (see group_norm_backward for the derivative); saves as BatchNormBackward.
+struct GroupNormBackward final : Node {
+  GroupNormBackward(const Tensor& x, const Tensor& weight, const Tensor& xc, const Tensor& wc,
+                    const Tensor& mean, const Tensor& rstd, int64_t groups, double eps)
+      : groups_(groups), eps_(eps) {
+    save(x_, x), save(weight_, weight), save(xc_, xc), save(wc_, wc);
+    save(mean_, mean), save(rstd_, rstd);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor& x = xc_.get();
+    if (x.numel() == 0) return empty_input_grads(*this, x);
+    if (is_grad_enabled() || !g.device().is_cpu()) {
+      std::vector<Tensor> out =
+          group_norm_backward_in_ops(g, x_.get(), weight_.get(), groups_, eps_);
+      for (size_t i = 0; i < 3; ++i)
+        if (!needs_grad(i)) out[i] = Tensor();
+      return out;
+    }
+    const Tensor gc = g.contiguous();
+    Tensor dx, dw, db;
+    if (needs_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
+    if (needs_grad(1)) dw = empty(input_shapes[1], x.dtype(), x.device());
+    if (needs_grad(2)) db = empty(input_shapes[2], x.dtype(), x.device());
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
+      group_norm_backward<T>(gc.data<T>(), x.data<T>(), data_or_null<T>(wc_.get()),
+                             mean_.get().data<T>(), rstd_.get().data<T>(), data_or_null<T>(dx),
+                             data_or_null<T>(dw), data_or_null<T>(db), channels_of(x), groups_);
+    });
+    return {dx, dw, db};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t groups_;
+  double eps_;
+  SavedTensor x_, weight_;
+  SavedTensor xc_, wc_, mean_, rstd_;
+};
+
+// y = x · alpha + beta per channel of x (N, C, *), alpha and beta (C): batch_norm in eval.
+//   dX = g alpha,  dAlpha = Σ g x,  dBeta = Σ g   (sums over every dim but C), in ops
+struct ChannelAffineBackward final : Node {
+  ChannelAffineBackward(const Tensor& x, const Tensor& alpha) { save(x_, x), save(alpha_, alpha); }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor x = x_.get();
+    const std::vector<int64_t> dims = non_channel_dims(x.dim());
+    Tensor dx, dalpha, dbeta;
+    if (needs_grad(0)) dx = mul(g, per_channel(alpha_.get(), x.dim()));
+    if (needs_grad(1)) dalpha = sum(mul(g, x), dims);
+    if (needs_grad(2)) dbeta = sum(g, dims);
+    return {dx, dalpha, dbeta};
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor x_, alpha_;
+};
+
+Tensor channel_affine(const Tensor& x, const Tensor& alpha, const Tensor& beta,
+                      std::string_view op) {
+  if (!x.device().is_cpu())
+    return add(mul(x, per_channel(alpha, x.dim())), per_channel(beta, x.dim()));
+  const Tensor xc = contiguous_data(x), ac = contiguous_data(alpha), bc = contiguous_data(beta);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Channels ch = channels_of(x);
+  dispatch_float(x.dtype(), op, [&]<class T>() {
+    const T *px = xc.data<T>(), *pa = ac.data<T>(), *pb = bc.data<T>();
+    T* py = out.data<T>();
+    parallel_for(
+        ch.N * ch.C,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r)
+            affine_run(px + r * ch.S, py + r * ch.S, ch.S, pa[r % ch.C], pb[r % ch.C]);
+        },
+        row_grain(ch.S));
+  });
+  return record<ChannelAffineBackward>(op, out, {x, alpha, beta}, x, alpha);
+}
+
+// A per-channel argument of a norm op: undefined, or (C) of x's dtype and device.
+void check_per_channel(const Tensor& x, const Tensor& p, std::string_view what,
+                       std::string_view op) {
+  if (!p.defined()) return;
+  EMBER_CHECK(p.dim() == 1 && p.size(0) == x.size(1),
+              "{}: {} should have the input's {} channels, got shape {} for an input of shape {}",
+              op, what, x.size(1), p.shape(), x.shape());
+  EMBER_CHECK(p.dtype() == x.dtype(), "{}: {} is {} but the input is {}", op, what, p.dtype(),
+              x.dtype());
+  check_same_device(x, p, op);
+}
+
+void check_norm_input(const Tensor& x, std::string_view op) {
+  check_floating(x, op);
+  EMBER_CHECK(x.dim() >= 2, "{}: expected an input of at least 2 dims (N, C, …), got shape {}", op,
+              x.shape());
+}
+
+// running = (1 - momentum) · running + momentum · statistic, in place without grad, for the
+// (C) statistics mean and var (the biased variance, made unbiased here over M values), in
+// double as torch.
+void update_running(const Tensor& running_mean, const Tensor& running_var,
+                    const std::vector<double>& mean, const std::vector<double>& var, int64_t M,
+                    double momentum) {
+  const int64_t C = static_cast<int64_t>(mean.size());
+  const double unbias = static_cast<double>(M) / static_cast<double>(M - 1);
+  NoGradGuard no_grad;
+  if (running_mean.defined()) {
+    std::vector<double> rm = running_mean.to_vector<double>();
+    for (int64_t c = 0; c < C; ++c) rm[c] = momentum * mean[c] + (1 - momentum) * rm[c];
+    Tensor(running_mean).copy_(from_vector(rm, {C}, running_mean.dtype()));
+  }
+  if (running_var.defined()) {
+    std::vector<double> rv = running_var.to_vector<double>();
+    for (int64_t c = 0; c < C; ++c) rv[c] = momentum * var[c] * unbias + (1 - momentum) * rv[c];
+    Tensor(running_var).copy_(from_vector(rv, {C}, running_var.dtype()));
+  }
+}
+
+// batch_norm in training on a device: the statistics and the result in ops, the running
+// statistics updated by in-place ops.
+Tensor batch_norm_train_in_ops(const Tensor& x, const Tensor& running_mean,
+                               const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                               double momentum, double eps) {
+  const std::vector<int64_t> dims = non_channel_dims(x.dim());
+  const int64_t C = x.size(1), M = x.numel() / std::max<int64_t>(C, 1);
+  const Tensor mu = mean(x, dims, true), xc = sub(x, mu);
+  const Tensor var = mean(mul(xc, xc), dims, true);
+  const Tensor y = affine_in_ops(mul(xc, pow(add(var, eps), -0.5)), weight, bias);
+  NoGradGuard no_grad;
+  if (running_mean.defined())
+    Tensor(running_mean).mul_(1 - momentum).add_(mu.detach().reshape({C}), momentum);
+  if (running_var.defined()) {
+    const double unbias = static_cast<double>(M) / static_cast<double>(M - 1);
+    Tensor(running_var).mul_(1 - momentum).add_(var.detach().reshape({C}), momentum * unbias);
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  constexpr std::string_view op = "batch_norm";
+  profile::Scope scope(op);
+  check_norm_input(x, op);
+  check_per_channel(x, running_mean, "running_mean", op);
+  check_per_channel(x, running_var, "running_var", op);
+  check_per_channel(x, weight, "weight", op);
+  check_per_channel(x, bias, "bias", op);
+  EMBER_CHECK(eps >= 0, "{}: eps must be non-negative, got {}", op, eps);
+  const Channels ch = channels_of(x);
+  if (!training) {
+    EMBER_CHECK(running_mean.defined() && running_var.defined(),
+                "{}: running_mean and running_var must be defined in eval mode (training = "
+                "false), got {} and {}",
+                op, running_mean.defined() ? "one" : "none",
+                running_var.defined() ? "one" : "none");
+    // alpha = weight / sqrt(running_var + eps), beta = bias - running_mean · alpha (C values)
+    const Tensor rstd = pow(add(running_var, eps), -0.5);
+    const Tensor alpha = weight.defined() ? mul(weight, rstd) : rstd;
+    const Tensor shift = mul(running_mean, alpha);
+    const Tensor beta = bias.defined() ? sub(bias, shift) : neg(shift);
+    return channel_affine(x, alpha, beta, op);
+  }
+  EMBER_CHECK(ch.N * ch.S != 1,
+              "{}: expected more than 1 value per channel when training, got input of shape {}", op,
+              x.shape());
+  const int64_t M = ch.N * ch.S;
+  if (!x.device().is_cpu() && x.numel() > 0)
+    return batch_norm_train_in_ops(x, running_mean, running_var, weight, bias, momentum, eps);
+
+  const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Tensor stats = empty({2, ch.C}, x.dtype(), x.device());
+  const Tensor mean = stats.select(0, 0), rstd = stats.select(0, 1);
+  if (x.numel() > 0) {
+    std::vector<double> mean_d(static_cast<size_t>(ch.C)), var(static_cast<size_t>(ch.C));
+    dispatch_float(x.dtype(), op, [&]<class T>() {
+      batch_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
+                            mean.data<T>(), rstd.data<T>(), mean_d.data(), var.data(), ch, eps);
+    });
+    if (running_mean.defined() || running_var.defined())
+      update_running(running_mean, running_var, mean_d, var, M, momentum);
+  }
+  return record<BatchNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, eps);
+}
+
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  constexpr std::string_view op = "group_norm";
+  profile::Scope scope(op);
+  check_norm_input(x, op);
+  EMBER_CHECK(num_groups > 0, "{}: num_groups must be positive, got {}", op, num_groups);
+  const Channels ch = channels_of(x);
+  EMBER_CHECK(ch.C % num_groups == 0,
+              "{}: the input's {} channels (shape {}) are not divisible by num_groups {}", op, ch.C,
+              x.shape(), num_groups);
+  check_per_channel(x, weight, "weight", op);
+  check_per_channel(x, bias, "bias", op);
+  EMBER_CHECK(eps >= 0, "{}: eps must be non-negative, got {}", op, eps);
+  // torch's check (F.group_norm's _verify_batch_size): N · C / G · S values in all must not be 1
+  EMBER_CHECK(ch.N * (ch.C / num_groups) * ch.S != 1,
+              "{}: expected more than 1 value per group, got input of shape {} and num_groups {}",
+              op, x.shape(), num_groups);
+  if (!x.device().is_cpu() && x.numel() > 0)
+    return affine_in_ops(group_stats(x, num_groups, eps).xhat.reshape(x.shape()), weight, bias);
+
+  const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Tensor stats = empty({2, ch.N * num_groups}, x.dtype(), x.device());
+  const Tensor mean = stats.select(0, 0), rstd = stats.select(0, 1);
+  if (x.numel() > 0)
+    dispatch_float(x.dtype(), op, [&]<class T>() {
+      group_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
+                            mean.data<T>(), rstd.data<T>(), ch, num_groups, eps);
+    });
+  return record<GroupNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd,
+                                   num_groups, eps);
+}
+
+}  // namespace ember

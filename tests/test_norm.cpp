@@ -1,0 +1,266 @@
+// batch_norm and group_norm: one table of cases (tests/op_table.h) drives
+// gradcheck and gradgradcheck on several layouts, the backward in ops (create_graph) against the
+// kernels', the PyTorch golden values and gradients, the edge cases and shapes, anomaly mode and
+// the emulated device; then the running statistics over training steps against torch
+// (tests/golden/norm.json), the parallel kernels against the ops, and every error message.
+#include <boost/test/unit_test.hpp>
+
+#include "tests/edge_shapes.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+namespace {
+
+// One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
+// row, run /usr/bin/python3 tests/golden/gen_op_tables.py. batch_norm's rows in training pass no
+// running statistics (their in-place update is tested below against torch). In eval, torch
+// refuses running statistics that require grad; Ember differentiates through them (ops/norm.h),
+// so the torch expression adds the running statistics' term with the value zero and their
+// derivative: q - q.detach().
+// kEdgeDiffers, batch_norm with per-channel arguments: torch returns an empty input unchecked
+// (its shortcut for empty inputs then multiplies by weight[0], an error when C is 0), Ember checks
+// the per-channel shapes of every input and returns an empty result for C = 0; the rows without
+// them keep the edge shapes, and norm_empty_batch_gradients tests the empty batch with weight and
+// bias. group_norm with weight over empty spatial dims: torch's weight gradient is NaN (a mean of
+// no element enters it), Ember's the sum over no element, 0 (norm_empty_batch_gradients); the
+// 2-D and no-affine rows keep the edge shapes.
+// clang-format off
+const OpTable kNormOps = {
+    // batch_norm in training: batch statistics over every dim but C
+    {"batch_norm train 2-D", "F.batch_norm(a, None, None, b, c, True)", {{4, 3}, {3}, {3}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, v[1], v[2], true); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm train 3-D", "F.batch_norm(a, None, None, b, c, True)", {{3, 2, 4}, {2}, {2}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, v[1], v[2], true); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm train 4-D", "F.batch_norm(a, None, None, b, c, True)", {{2, 3, 2, 3}, {3}, {3}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, v[1], v[2], true); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm train no affine", "F.batch_norm(a, None, None, training=True)", {{3, 2, 5}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, {}, {}, true); }},
+    {"batch_norm train weight only eps", "F.batch_norm(a, None, None, b, None, True, eps=1e-3)",
+     {{2, 3, 3}, {3}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, v[1], {}, true, 0.1, 1e-3); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm train 4-D no affine", "F.batch_norm(a, None, None, training=True)", {{3, 2, 2, 2}}, {},
+     [](auto& v) { return batch_norm(v[0], {}, {}, {}, {}, true); }},
+    // batch_norm in eval: the running statistics (Positive variances)
+    {"batch_norm eval 3-D",
+     "F.batch_norm(a, b.detach(), c.detach(), d, e) + "
+     "(q := (a.detach() - b[:, None]) * (c[:, None] + 1e-5).rsqrt() * d.detach()[:, None]) - q.detach()",
+     {{3, 2, 4}, {2}, {2}, {2}, {2}}, {Real, Real, Positive},
+     [](auto& v) { return batch_norm(v[0], v[1], v[2], v[3], v[4]); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm eval 2-D",
+     "F.batch_norm(a, b.detach(), c.detach(), d, e) + "
+     "(q := (a.detach() - b) * (c + 1e-5).rsqrt() * d.detach()) - q.detach()",
+     {{4, 3}, {3}, {3}, {3}, {3}}, {Real, Real, Positive},
+     [](auto& v) { return batch_norm(v[0], v[1], v[2], v[3], v[4], false); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm eval 4-D no affine",
+     "F.batch_norm(a, b.detach(), c.detach(), eps=1e-3) + "
+     "(q := (a.detach() - b[:, None, None]) * (c[:, None, None] + 1e-3).rsqrt()) - q.detach()",
+     {{2, 3, 2, 2}, {3}, {3}}, {Real, Real, Positive},
+     [](auto& v) { return batch_norm(v[0], v[1], v[2], {}, {}, false, 0.1, 1e-3); }, kOptionalInputs | kEdgeDiffers},
+    // group_norm
+    {"group_norm 3-D 2 groups", "F.group_norm(a, 2, b, c)", {{2, 4, 3}, {4}, {4}}, {},
+     [](auto& v) { return group_norm(v[0], 2, v[1], v[2]); }, kOptionalInputs | kEdgeDiffers},
+    {"group_norm 4-D 3 groups", "F.group_norm(a, 3, b, c)", {{2, 6, 2, 2}, {6}, {6}}, {},
+     [](auto& v) { return group_norm(v[0], 3, v[1], v[2]); }, kOptionalInputs | kEdgeDiffers},
+    {"group_norm 4-D 1 group", "F.group_norm(a, 1, b, c)", {{2, 3, 2, 3}, {3}, {3}}, {},
+     [](auto& v) { return group_norm(v[0], 1, v[1], v[2]); }, kOptionalInputs | kEdgeDiffers},
+    {"group_norm group per channel", "F.group_norm(a, 4, b, c, eps=1e-3)", {{3, 4, 5}, {4}, {4}}, {},
+     [](auto& v) { return group_norm(v[0], 4, v[1], v[2], 1e-3); }, kOptionalInputs | kEdgeDiffers},
+    {"group_norm no affine", "F.group_norm(a, 2)", {{2, 4, 3, 2}}, {},
+     [](auto& v) { return group_norm(v[0], 2); }},
+    {"group_norm 2-D", "F.group_norm(a, 2, b, c)", {{3, 4}, {4}, {4}}, {},
+     [](auto& v) { return group_norm(v[0], 2, v[1], v[2]); }, kOptionalInputs},
+};
+// clang-format on
+
+// Gradients of f at the leaves for the upstream gradient `up`.
+std::vector<Tensor> grads_of(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                             const std::vector<Tensor>& leaves, const Tensor& up) {
+  return autograd::grad({f(leaves)}, leaves, {up});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(test_norm)
+
+BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kNormOps); }
+
+// --- batch_norm's running statistics
+
+// F.batch_norm's in-place update over the training steps of tests/golden/norm.json, on the
+// functional op (Float64 and Float32), running statistics of the input's dtype.
+BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_match_torch) {
+  const Golden g("norm.json");
+  for (DType dt : {kFloat64, kFloat32}) {
+    const double tol = dt == kFloat64 ? 1e-12 : 1e-5;
+    Tensor rm = zeros({3}, dt), rv = ones({3}, dt);
+    const Tensor w = g["bn2d.weight"].to(dt), b = g["bn2d.bias"].to(dt);
+    for (int i = 0; i < 3; ++i) {
+      const std::string step = std::to_string(i);
+      const Tensor y = batch_norm(g["bn2d.x" + step].to(dt), rm, rv, w, b, true, 0.1, 1e-5);
+      expect_close(y.to(kFloat64), g["bn2d.y" + step], tol, tol, "output, step " + step);
+      expect_close(rm.to(kFloat64), g["bn2d.running_mean" + step], tol, tol, "mean, step " + step);
+      expect_close(rv.to(kFloat64), g["bn2d.running_var" + step], tol, tol, "var, step " + step);
+    }
+    const Tensor y = batch_norm(g["bn2d.x_eval"].to(dt), rm, rv, w, b, false);
+    expect_close(y.to(kFloat64), g["bn2d.y_eval"], tol, tol, "eval");
+  }
+}
+
+// Strided running statistics (a column of a matrix) are updated where they lie; a training
+// forward leaves them alone when the batch is empty.
+BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_strided_and_empty) {
+  manual_seed(3);
+  const Tensor x = randn({6, 4}, kFloat64) * 3 + 1;
+  Tensor table = zeros({4, 2}, kFloat64);
+  table.select(1, 1).fill_(1.0);
+  Tensor rm = table.select(1, 0), rv = table.select(1, 1);
+  batch_norm(x, rm, rv, {}, {}, true, 0.25);
+  const Tensor mean = x.mean({0}), var = x.var({0}, true);
+  expect_close(rm, mean * 0.25, 1e-12, 1e-14, "mean");
+  expect_close(rv, var * 0.25 + 0.75, 1e-12, 1e-14, "var");
+  const Tensor before = table.clone();
+  const Tensor y = batch_norm(zeros({0, 4}, kFloat64), rm, rv, {}, {}, true);
+  BOOST_TEST((y.shape() == Shape{0, 4}));
+  expect_close(table, before, 0, 0, "untouched by an empty batch");
+}
+
+// On a device (composed of ops there) the running statistics move as on the CPU.
+BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_on_device) {
+  if (!cuda::is_available()) {
+    BOOST_TEST_MESSAGE("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  manual_seed(21);
+  const Tensor x = randn({4, 3, 2, 2}, kFloat64) * 2 + 1;
+  const Tensor w = randn({3}, kFloat64), b = randn({3}, kFloat64);
+  Tensor rm = zeros({3}, kFloat64), rv = ones({3}, kFloat64);
+  Tensor device_rm = rm.to(kCUDA), device_rv = rv.to(kCUDA);
+  for (int i = 0; i < 2; ++i) {
+    const Tensor y = batch_norm(x, rm, rv, w, b, true, 0.2);
+    const Tensor on_device =
+        batch_norm(x.to(kCUDA), device_rm, device_rv, w.to(kCUDA), b.to(kCUDA), true, 0.2);
+    BOOST_TEST(on_device.is_cuda());
+    expect_close(on_device.cpu(), y, 1e-12, 1e-12, "output");
+  }
+  expect_close(device_rm.cpu(), rm, 1e-12, 1e-14, "running_mean");
+  expect_close(device_rv.cpu(), rv, 1e-12, 1e-14, "running_var");
+}
+
+// An empty batch (or empty groups): an empty result, and weight and bias gradients of zeros
+// (sums of nothing).
+BOOST_AUTO_TEST_CASE(norm_empty_batch_gradients) {
+  for (bool training : {true, false}) {
+    Tensor x = zeros({0, 3, 2}, kFloat64).requires_grad_();
+    Tensor w = ones({3}, kFloat64).requires_grad_(), b = zeros({3}, kFloat64).requires_grad_();
+    const Tensor y = batch_norm(x, zeros({3}, kFloat64), ones({3}, kFloat64), w, b, training);
+    BOOST_TEST((y.shape() == Shape{0, 3, 2}));
+    y.sum().backward();
+    expect_close(w.grad(), zeros({3}, kFloat64), 0, 0, "batch_norm weight");
+    expect_close(b.grad(), zeros({3}, kFloat64), 0, 0, "batch_norm bias");
+  }
+  for (const Shape& shape : {Shape{0, 4, 2}, Shape{2, 4, 0}}) {
+    Tensor x = zeros(shape, kFloat64).requires_grad_();
+    Tensor w = ones({4}, kFloat64).requires_grad_(), b = ones({4}, kFloat64).requires_grad_();
+    group_norm(x, 2, w, b).sum().backward();
+    expect_close(w.grad(), zeros({4}, kFloat64), 0, 0, "group_norm weight");
+    expect_close(b.grad(), zeros({4}, kFloat64), 0, 0, "group_norm bias");
+  }
+}
+
+// Above the parallel grain, the kernels (forward and first-order backward) agree with the same
+// formulas in ops; Float32 statistics of inputs far from zero keep their digits.
+BOOST_AUTO_TEST_CASE(norm_kernels_match_ops_above_the_grain) {
+  manual_seed(11);
+  const Tensor x = (randn({16, 8, 24, 24}, kFloat64) * 2 + 5).requires_grad_();
+  const Tensor w = randn({8}, kFloat64).requires_grad_(), b = randn({8}, kFloat64).requires_grad_();
+  const Tensor up = randn({16, 8, 24, 24}, kFloat64);
+  const auto bn_ops = [](const std::vector<Tensor>& v) {
+    const std::vector<int64_t> dims{0, 2, 3};
+    const Tensor xc = v[0] - v[0].mean(dims, true);
+    const Tensor y = xc * pow(mean(xc * xc, dims, true) + 1e-5, -0.5);
+    return y * v[1].reshape({1, 8, 1, 1}) + v[2].reshape({1, 8, 1, 1});
+  };
+  const auto bn = [](const std::vector<Tensor>& v) {
+    return batch_norm(v[0], {}, {}, v[1], v[2], true);
+  };
+  expect_close(bn({x, w, b}), bn_ops({x, w, b}), 1e-10, 1e-12, "batch_norm forward");
+  const auto g1 = grads_of(bn, {x, w, b}, up), g2 = grads_of(bn_ops, {x, w, b}, up);
+  for (size_t i = 0; i < 3; ++i)
+    expect_close(g1[i], g2[i], 1e-8, 1e-10, fmt::format("batch_norm gradient {}", i));
+
+  const auto gn_ops = [](const std::vector<Tensor>& v) {
+    const Tensor xg = v[0].reshape({16, 4, 2 * 24 * 24});
+    const Tensor xc = xg - xg.mean({2}, true);
+    const Tensor y = (xc * pow(mean(xc * xc, {2}, true) + 1e-5, -0.5)).reshape({16, 8, 24, 24});
+    return y * v[1].reshape({1, 8, 1, 1}) + v[2].reshape({1, 8, 1, 1});
+  };
+  const auto gn = [](const std::vector<Tensor>& v) { return group_norm(v[0], 4, v[1], v[2]); };
+  expect_close(gn({x, w, b}), gn_ops({x, w, b}), 1e-10, 1e-12, "group_norm forward");
+  const auto h1 = grads_of(gn, {x, w, b}, up), h2 = grads_of(gn_ops, {x, w, b}, up);
+  for (size_t i = 0; i < 3; ++i)
+    expect_close(h1[i], h2[i], 1e-8, 1e-10, fmt::format("group_norm gradient {}", i));
+
+  // Float32 at an offset of 1000: the two-pass statistics against Float64's
+  const Tensor far = randn({32, 4, 16, 16}, kFloat64) + 1000;
+  expect_close(batch_norm(far.to(kFloat32), {}, {}, {}, {}, true).to(kFloat64),
+               batch_norm(far, {}, {}, {}, {}, true), 0, 2e-3, "batch_norm Float32 far");
+  expect_close(group_norm(far.to(kFloat32), 2).to(kFloat64), group_norm(far, 2), 0, 2e-3,
+               "group_norm Float32 far");
+}
+
+// --- errors
+
+BOOST_AUTO_TEST_CASE(norm_errors) {
+  const Tensor x = zeros({2, 3, 4}), c3 = zeros({3}), c2 = zeros({2});
+  expect_error([&] { batch_norm(zeros({3}), {}, {}, {}, {}, true); }, {"batch_norm", "[3]"});
+  expect_error(
+      [&] {
+        batch_norm(from_vector(std::vector<int64_t>{1, 2}, {1, 2}), c3, c3);
+      },
+      {"batch_norm", "Int64"});
+  expect_error(
+      [&] {
+        batch_norm(zeros({1, 3}), {}, {}, {}, {}, true);
+      },
+      {"batch_norm", "more than 1 value per channel", "[1, 3]"});
+  expect_error(
+      [&] {
+        batch_norm(zeros({1, 3, 1}), {}, {}, {}, {}, true);
+      },
+      {"batch_norm", "more than 1 value"});
+  expect_error([&] { batch_norm(x, {}, {}); }, {"batch_norm", "running_mean", "eval"});
+  expect_error([&] { batch_norm(x, c3, {}); }, {"batch_norm", "running_var", "eval"});
+  expect_error([&] { batch_norm(x, c2, c3); }, {"batch_norm", "running_mean", "3 channels", "[2]"});
+  expect_error([&] { batch_norm(x, c3, zeros({3, 1})); }, {"batch_norm", "running_var", "[3, 1]"});
+  expect_error([&] { batch_norm(x, {}, {}, c2, {}, true); }, {"batch_norm", "weight", "[2]"});
+  expect_error([&] { batch_norm(x, {}, {}, {}, c2, true); }, {"batch_norm", "bias", "[2]"});
+  expect_error([&] { batch_norm(x, c3, c3, zeros({3}, kFloat64)); },
+               {"batch_norm", "weight", "Float64", "Float32"});
+  expect_error([&] { batch_norm(x, {}, {}, {}, {}, true, 0.1, -1.0); }, {"batch_norm", "eps"});
+
+  expect_error([&] { group_norm(zeros({4}), 2); }, {"group_norm", "[4]"});
+  expect_error(
+      [&] {
+        group_norm(zeros({2, 3, 3}), 2);
+      },
+      {"group_norm", "3 channels", "num_groups 2", "[2, 3, 3]"});
+  expect_error([&] { group_norm(x, 0); }, {"group_norm", "num_groups", "0"});
+  expect_error([&] { group_norm(zeros({2, 4, 3}), 2, c3); }, {"group_norm", "weight", "[3]"});
+  expect_error([&] { group_norm(zeros({2, 4, 3}), 2, {}, c3); }, {"group_norm", "bias", "[3]"});
+  expect_error(
+      [&] {
+        group_norm(zeros({1, 2, 1}), 2);
+      },
+      {"group_norm", "more than 1 value", "[1, 2, 1]"});
+  expect_error([&] { group_norm(x, 1, {}, {}, -1.0); }, {"group_norm", "eps"});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
