@@ -23,6 +23,7 @@
 #include "ops/norm.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
+#include "ops/resample.h"
 #include "ops/shape.h"
 #include "optim/optim.h"
 #include "train/checkpoint.h"

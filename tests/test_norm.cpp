@@ -1,4 +1,4 @@
-// batch_norm and group_norm: one table of cases (tests/op_table.h) drives
+// batch_norm, group_norm, pad and interpolate: one table of cases (tests/op_table.h) drives
 // gradcheck and gradgradcheck on several layouts, the backward in ops (create_graph) against the
 // kernels', the PyTorch golden values and gradients, the edge cases and shapes, anomaly mode and
 // the emulated device; then the running statistics over training steps against torch
@@ -70,6 +70,62 @@ const OpTable kNormOps = {
      [](auto& v) { return group_norm(v[0], 2); }},
     {"group_norm 2-D", "F.group_norm(a, 2, b, c)", {{3, 4}, {4}, {4}}, {},
      [](auto& v) { return group_norm(v[0], 2, v[1], v[2]); }, kOptionalInputs},
+    // pad: constant (negative pads crop), reflect, replicate, circular
+    {"pad constant last dim", "F.pad(a, (1, 2))", {{2, 3, 4}}, {},
+     [](auto& v) { return pad(v[0], {1, 2}); }},
+    {"pad constant 2-D value", "F.pad(a, (1, 0, 2, 1), value=0.5)", {{2, 2, 3, 3}}, {},
+     [](auto& v) { return pad(v[0], {1, 0, 2, 1}, "constant", 0.5); }},
+    {"pad constant negative", "F.pad(a, (-1, 2, 1, -2))", {{2, 3, 4, 5}}, {},
+     [](auto& v) { return pad(v[0], {-1, 2, 1, -2}); }},
+    {"pad constant every dim", "F.pad(a, (1, 1, 0, 1, 2, 0))", {{2, 3, 2}}, {},
+     [](auto& v) { return pad(v[0], {1, 1, 0, 1, 2, 0}); }},
+    {"pad reflect 1-D", "F.pad(a, (2, 1), 'reflect')", {{2, 3, 4}}, {},
+     [](auto& v) { return pad(v[0], {2, 1}, "reflect"); }},
+    {"pad reflect 2-D", "F.pad(a, (1, 2, 2, 1), 'reflect')", {{1, 2, 3, 4}}, {},
+     [](auto& v) { return pad(v[0], {1, 2, 2, 1}, "reflect"); }},
+    {"pad reflect unbatched", "F.pad(a, (1, 1), 'reflect')", {{3, 4}}, {},
+     [](auto& v) { return pad(v[0], {1, 1}, "reflect"); }},
+    {"pad reflect negative", "F.pad(a, (-1, 2), 'reflect')", {{2, 2, 5}}, {},
+     [](auto& v) { return pad(v[0], {-1, 2}, "reflect"); }},
+    {"pad replicate 1-D", "F.pad(a, (3, 1), 'replicate')", {{2, 2, 3}}, {},
+     [](auto& v) { return pad(v[0], {3, 1}, "replicate"); }},
+    {"pad replicate 2-D", "F.pad(a, (2, 0, 1, 3), 'replicate')", {{2, 2, 3, 2}}, {},
+     [](auto& v) { return pad(v[0], {2, 0, 1, 3}, "replicate"); }},
+    {"pad circular 1-D", "F.pad(a, (2, 3), 'circular')", {{2, 2, 4}}, {},
+     [](auto& v) { return pad(v[0], {2, 3}, "circular"); }},
+    {"pad circular 2-D", "F.pad(a, (1, 2, 2, 1), 'circular')", {{1, 2, 3, 4}}, {},
+     [](auto& v) { return pad(v[0], {1, 2, 2, 1}, "circular"); }},
+    {"pad circular crop", "F.pad(a, (-1, -1, 1, 0), 'circular')", {{2, 1, 3, 4}}, {},
+     [](auto& v) { return pad(v[0], {-1, -1, 1, 0}, "circular"); }},
+    // interpolate: up and down, non-integer scales, align_corners
+    {"interpolate nearest up", "F.interpolate(a, size=7)", {{2, 3, 5}}, {},
+     [](auto& v) { return interpolate(v[0], {7}); }},
+    {"interpolate nearest down", "F.interpolate(a, size=3)", {{2, 2, 7}}, {},
+     [](auto& v) { return interpolate(v[0], {3}, "nearest"); }},
+    {"interpolate nearest 2-D", "F.interpolate(a, size=(5, 3))", {{1, 2, 3, 4}}, {},
+     [](auto& v) { return interpolate(v[0], {5, 3}); }},
+    {"interpolate nearest doubled", "F.interpolate(a, size=(4, 6))", {{2, 1, 2, 3}}, {},
+     [](auto& v) { return interpolate(v[0], {4, 6}); }},
+    {"interpolate nearest 5-D", "F.interpolate(a, size=(3, 2, 3))", {{1, 2, 2, 3, 2}}, {},
+     [](auto& v) { return interpolate(v[0], {3, 2, 3}); }},
+    {"interpolate linear up", "F.interpolate(a, size=7, mode='linear', align_corners=False)",
+     {{2, 3, 4}}, {}, [](auto& v) { return interpolate(v[0], {7}, "linear", false); }},
+    {"interpolate linear align_corners", "F.interpolate(a, size=7, mode='linear', align_corners=True)",
+     {{2, 2, 4}}, {}, [](auto& v) { return interpolate(v[0], {7}, "linear", true); }},
+    {"interpolate linear down", "F.interpolate(a, size=3, mode='linear')", {{1, 2, 8}}, {},
+     [](auto& v) { return interpolate(v[0], {3}, "linear"); }},
+    {"interpolate linear down align_corners",
+     "F.interpolate(a, size=3, mode='linear', align_corners=True)", {{2, 2, 5}}, {},
+     [](auto& v) { return interpolate(v[0], {3}, "linear", true); }},
+    {"interpolate bilinear up", "F.interpolate(a, size=(5, 7), mode='bilinear', align_corners=False)",
+     {{2, 2, 3, 4}}, {}, [](auto& v) { return interpolate(v[0], {5, 7}, "bilinear", false); }},
+    {"interpolate bilinear align_corners",
+     "F.interpolate(a, size=(5, 3), mode='bilinear', align_corners=True)", {{1, 2, 3, 4}}, {},
+     [](auto& v) { return interpolate(v[0], {5, 3}, "bilinear", true); }},
+    {"interpolate bilinear down", "F.interpolate(a, size=(2, 3), mode='bilinear')", {{2, 1, 5, 7}}, {},
+     [](auto& v) { return interpolate(v[0], {2, 3}, "bilinear"); }},
+    {"interpolate bilinear one size", "F.interpolate(a, size=4, mode='bilinear', align_corners=True)",
+     {{1, 3, 3, 2}}, {}, [](auto& v) { return interpolate(v[0], {4}, "bilinear", true); }},
 };
 // clang-format on
 
@@ -216,6 +272,32 @@ BOOST_AUTO_TEST_CASE(norm_kernels_match_ops_above_the_grain) {
                "group_norm Float32 far");
 }
 
+// pad and interpolate above the parallel grain, and a large pad's backward, against the ops
+// they compose on a device (index_select), on the CPU.
+BOOST_AUTO_TEST_CASE(resample_large_inputs) {
+  manual_seed(12);
+  const Tensor x = randn({4, 8, 40, 40}, kFloat64).requires_grad_();
+  const Tensor up = randn({4, 8, 46, 43}, kFloat64);
+  const auto reflect = [](const std::vector<Tensor>& v) {
+    return pad(v[0], {1, 2, 3, 3}, "reflect");
+  };
+  const auto by_index = [](const std::vector<Tensor>& v) {
+    std::vector<int64_t> w, h;
+    for (int64_t i = -1; i < 42; ++i) w.push_back(i < 0 ? -i : i >= 40 ? 78 - i : i);
+    for (int64_t i = -3; i < 43; ++i) h.push_back(i < 0 ? -i : i >= 40 ? 78 - i : i);
+    return index_select(index_select(v[0], 3, from_vector(w, {43})), 2, from_vector(h, {46}));
+  };
+  expect_close(reflect({x}), by_index({x}), 0, 0, "reflect forward");
+  expect_close(grads_of(reflect, {x}, up)[0], grads_of(by_index, {x}, up)[0], 1e-12, 1e-14,
+               "reflect backward");
+  const Tensor y = interpolate(x, {61, 17}, "bilinear", true);
+  BOOST_TEST((y.shape() == Shape{4, 8, 61, 17}));
+  // corners are the input's with align_corners
+  expect_close(y.select(2, 0).select(2, 0), x.select(2, 0).select(2, 0), 1e-12, 1e-14, "corner");
+  expect_close(y.select(2, 60).select(2, 16), x.select(2, 39).select(2, 39), 1e-12, 1e-14,
+               "far corner");
+}
+
 // --- errors
 
 BOOST_AUTO_TEST_CASE(norm_errors) {
@@ -261,6 +343,51 @@ BOOST_AUTO_TEST_CASE(norm_errors) {
       },
       {"group_norm", "more than 1 value", "[1, 2, 1]"});
   expect_error([&] { group_norm(x, 1, {}, {}, -1.0); }, {"group_norm", "eps"});
+}
+
+BOOST_AUTO_TEST_CASE(pad_errors) {
+  const Tensor x = zeros({1, 2, 3});
+  expect_error([&] { pad(x, {1}); }, {"pad", "even", "1"});
+  expect_error([&] { pad(x, {1, 1, 1, 1, 1, 1, 1, 1}); }, {"pad", "8 values", "[1, 2, 3]"});
+  expect_error([&] { pad(x, {-2, -2}); }, {"pad", "(-2, -2)", "crops", "[1, 2, 3]"});
+  expect_error([&] { pad(x, {1, 1}, "wrap"); }, {"pad", "unknown mode", "wrap"});
+  expect_error([&] { pad(x, {1, 1}, "reflect", 1.0); }, {"pad", "reflect", "no value"});
+  expect_error([&] { pad(x, {3, 0}, "reflect"); }, {"pad", "reflect", "(3, 0)", "size 3"});
+  expect_error([&] { pad(x, {-2, -1}, "reflect"); }, {"pad", "reflect", "no element"});
+  expect_error([&] { pad(x, {-2, -1}, "replicate"); }, {"pad", "replicate", "no element"});
+  expect_error([&] { pad(x, {4, 0}, "circular"); }, {"pad", "circular", "more than once"});
+  expect_error([&] { pad(zeros({3}), {1, 1}, "reflect"); }, {"pad", "reflect", "[3]"});
+  expect_error(
+      [&] {
+        pad(zeros({1, 1, 2, 3}), {1, 1}, "replicate");
+      },
+      {"pad", "replicate", "2 values", "[1, 1, 2, 3]"});
+  expect_error([&] { pad(zeros({2, 0, 3}), {1, 1}, "replicate"); }, {"pad", "[2, 0, 3]"});
+  expect_error(
+      [&] {
+        pad(from_vector(std::vector<int64_t>{1, 2, 3}, {1, 1, 3}), {1, 1}, "reflect");
+      },
+      {"pad", "Int64"});
+  expect_error([&] { pad(Tensor(), {1, 1}); }, {"pad", "undefined"});
+}
+
+BOOST_AUTO_TEST_CASE(interpolate_errors) {
+  const Tensor x3 = zeros({1, 2, 3}), x4 = zeros({1, 2, 3, 4});
+  expect_error([&] { interpolate(x3, {4}, "nearest", false); },
+               {"interpolate", "align_corners", "nearest"});
+  expect_error([&] { interpolate(x3, {4}, "cubic"); }, {"interpolate", "unknown mode", "cubic"});
+  expect_error([&] { interpolate(x4, {4}, "linear"); },
+               {"interpolate", "linear", "3-D", "[1, 2, 3, 4]"});
+  expect_error([&] { interpolate(x3, {4}, "bilinear"); }, {"interpolate", "bilinear", "4-D"});
+  expect_error([&] { interpolate(zeros({2, 3}), {4}); }, {"interpolate", "[2, 3]"});
+  expect_error(
+      [&] {
+        interpolate(x4, {4, 5, 6});
+      },
+      {"interpolate", "size", "1 or 2 values", "got 3"});
+  expect_error([&] { interpolate(x3, {0}); }, {"interpolate", "output size 0"});
+  expect_error([&] { interpolate(zeros({1, 2, 0}), {3}); }, {"interpolate", "[1, 2, 0]"});
+  expect_error([&] { interpolate(zeros({1, 0, 3}), {3}, "linear"); }, {"interpolate", "[1, 0, 3]"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
