@@ -7,6 +7,7 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/norm.h"
 #include "nn/nw_regression.h"
 #include "nn/pooling.h"
 #include "nn/rnn_utils.h"

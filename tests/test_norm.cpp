@@ -1,8 +1,9 @@
 // batch_norm, group_norm, pad and interpolate: one table of cases (tests/op_table.h) drives
 // gradcheck and gradgradcheck on several layouts, the backward in ops (create_graph) against the
 // kernels', the PyTorch golden values and gradients, the edge cases and shapes, anomaly mode and
-// the emulated device; then the running statistics over training steps against torch
-// (tests/golden/norm.json), the parallel kernels against the ops, and every error message.
+// the emulated device; then the running statistics over training steps and the modules
+// BatchNorm1d, BatchNorm2d and GroupNorm against torch (tests/golden/norm.json), the parallel
+// kernels against the ops, and every error message.
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -188,7 +189,8 @@ BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_strided_and_empty) {
   expect_close(table, before, 0, 0, "untouched by an empty batch");
 }
 
-// On a device (composed of ops there) the running statistics move as on the CPU.
+// On a device (composed of ops there) the running statistics move as on the CPU, and a module
+// moved there counts its batches there.
 BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_on_device) {
   if (!cuda::is_available()) {
     BOOST_TEST_MESSAGE("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");
@@ -208,6 +210,13 @@ BOOST_AUTO_TEST_CASE(batch_norm_running_statistics_on_device) {
   }
   expect_close(device_rm.cpu(), rm, 1e-12, 1e-14, "running_mean");
   expect_close(device_rv.cpu(), rv, 1e-12, 1e-14, "running_var");
+  nn::BatchNorm2d bn(3);
+  bn.to(kCUDA);
+  bn(x.to(kCUDA, kFloat32));
+  BOOST_TEST(bn.num_batches_tracked.is_cuda());
+  BOOST_TEST(bn.num_batches_tracked.item<int64_t>() == 1);
+  bn.eval();
+  BOOST_TEST(bn(x.to(kCUDA, kFloat32)).is_cuda());
 }
 
 // An empty batch (or empty groups): an empty result, and weight and bias gradients of zeros
@@ -296,6 +305,98 @@ BOOST_AUTO_TEST_CASE(resample_large_inputs) {
   expect_close(y.select(2, 0).select(2, 0), x.select(2, 0).select(2, 0), 1e-12, 1e-14, "corner");
   expect_close(y.select(2, 60).select(2, 16), x.select(2, 39).select(2, 39), 1e-12, 1e-14,
                "far corner");
+}
+
+// --- modules
+
+// BatchNorm1d/2d and GroupNorm through training steps and eval against torch.nn: outputs,
+// running statistics, num_batches_tracked, and the state_dict's names, shapes and dtypes in
+// torch's order.
+template <class M>
+void module_against_torch(M& m, const std::string& name, int steps, const Golden& g) {
+  BOOST_TEST_CONTEXT(name) {
+    m.to(kFloat64);
+    nn::NamedTensors params = m.named_parameters();
+    {
+      NoGradGuard no_grad;
+      for (auto& [pname, t] : params) t.copy_(g[name + "." + pname]);
+    }
+    m.train();
+    for (int i = 0; i < steps; ++i) {
+      const std::string s = std::to_string(i);
+      expect_close(m(g[name + ".x" + s]), g[name + ".y" + s], 1e-12, 1e-12, "output " + s);
+      for (const auto& [bname, t] : m.named_buffers()) {
+        if (bname == "num_batches_tracked") {
+          BOOST_TEST((t.dtype() == kInt64));
+          BOOST_TEST(t.template item<int64_t>() == i + 1);
+        } else {
+          expect_close(t, g[name + "." + bname + s], 1e-12, 1e-12, bname + " " + s);
+        }
+      }
+    }
+    m.eval();
+    expect_close(m(g[name + ".x_eval"]), g[name + ".y_eval"], 1e-12, 1e-12, "eval output");
+    std::vector<std::string> entries;
+    for (const auto& [key, t] : m.state_dict())
+      entries.push_back(
+          fmt::format("{}:{}:{}", key, t.shape(), t.dtype() == kInt64 ? "int64" : "float64"));
+    BOOST_TEST(fmt::format("{}", fmt::join(entries, " ")) == g.text(name + ".state_dict"));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(modules_match_torch) {
+  const Golden g("norm.json");
+  nn::BatchNorm2d bn2d(3);
+  module_against_torch(bn2d, "bn2d", 3, g);
+  nn::BatchNorm2d bn2d_momentum(2, 1e-3, 0.3, false);
+  module_against_torch(bn2d_momentum, "bn2d_momentum", 2, g);
+  nn::BatchNorm1d bn1d(4);
+  module_against_torch(bn1d, "bn1d", 3, g);
+  nn::BatchNorm1d bn1d_3d(3, 1e-5, 0.5);
+  module_against_torch(bn1d_3d, "bn1d_3d", 2, g);
+  nn::BatchNorm1d untracked(3, 1e-5, 0.1, true, false);
+  module_against_torch(untracked, "bn1d_untracked", 1, g);
+  nn::GroupNorm gn(2, 4);
+  module_against_torch(gn, "gn", 1, g);
+  nn::GroupNorm gn_plain(3, 6, 1e-3, false);
+  module_against_torch(gn_plain, "gn_plain", 1, g);
+}
+
+BOOST_AUTO_TEST_CASE(batch_norm_module_train_and_eval) {
+  manual_seed(8);
+  nn::BatchNorm2d bn(2);
+  BOOST_TEST(bn.weight.requires_grad());
+  BOOST_TEST(!bn.running_mean.requires_grad());
+  BOOST_TEST((bn.num_batches_tracked.shape() == Shape{}));
+  const Tensor x = randn({3, 2, 2, 2}) * 2 + 1;
+  // train: normalised by the batch (mean 0, variance 1 per channel) and the buffers move
+  const Tensor y = bn(x);
+  expect_close(y.mean({0, 2, 3}), zeros({2}), 0, 1e-6, "batch mean");
+  BOOST_TEST(bn.num_batches_tracked.item<int64_t>() == 1);
+  const Tensor running = bn.running_mean.clone();
+  BOOST_TEST(running.abs().sum().item<float>() > 0);
+  // eval: the running statistics, nothing moves; the same input gives another result
+  bn.eval();
+  const Tensor z = bn(x);
+  expect_close(bn.running_mean, running, 0, 0, "running mean in eval");
+  BOOST_TEST(bn.num_batches_tracked.item<int64_t>() == 1);
+  BOOST_TEST((z - y).abs().max().item<float>() > 0.1);
+  // the gradient reaches weight and bias in both modes; the buffers get none
+  z.sum().backward();
+  BOOST_TEST(bn.weight.grad().defined());
+  BOOST_TEST(!bn.running_mean.grad().defined());
+  // without tracked statistics: batch statistics in eval too, no buffers
+  nn::BatchNorm2d plain(2, 1e-5, 0.1, true, false);
+  BOOST_TEST(plain.named_buffers().empty());
+  BOOST_TEST(!plain.running_mean.defined());
+  plain.eval();
+  expect_close(plain(x), y, 1e-6, 1e-6, "untracked eval uses the batch");
+  // clone copies the buffers (new storage)
+  bn.train();
+  auto copy = std::static_pointer_cast<nn::BatchNorm2d>(bn.clone());
+  (*copy)(x);
+  BOOST_TEST(copy->num_batches_tracked.item<int64_t>() == 2);
+  BOOST_TEST(bn.num_batches_tracked.item<int64_t>() == 1);
 }
 
 // --- errors
@@ -388,6 +489,21 @@ BOOST_AUTO_TEST_CASE(interpolate_errors) {
   expect_error([&] { interpolate(x3, {0}); }, {"interpolate", "output size 0"});
   expect_error([&] { interpolate(zeros({1, 2, 0}), {3}); }, {"interpolate", "[1, 2, 0]"});
   expect_error([&] { interpolate(zeros({1, 0, 3}), {3}, "linear"); }, {"interpolate", "[1, 0, 3]"});
+}
+
+BOOST_AUTO_TEST_CASE(module_errors) {
+  nn::BatchNorm1d bn1d(3);
+  nn::BatchNorm2d bn2d(3);
+  expect_error([&] { bn1d(zeros({2, 3, 4, 5})); }, {"BatchNorm1d", "2-D", "[2, 3, 4, 5]"});
+  expect_error([&] { bn1d(zeros({3})); }, {"BatchNorm1d", "[3]"});
+  expect_error([&] { bn2d(zeros({2, 3, 4})); }, {"BatchNorm2d", "4-D", "[2, 3, 4]"});
+  expect_error([&] { bn2d(zeros({2, 4, 2, 2})); }, {"batch_norm", "4 channels"});
+  expect_error([&] { nn::BatchNorm2d(0); }, {"BatchNorm2d", "num_features"});
+  expect_error([&] { nn::BatchNorm1d(3, -1.0); }, {"BatchNorm1d", "eps"});
+  expect_error([&] { nn::GroupNorm(4, 6); }, {"GroupNorm", "6", "divisible", "4"});
+  expect_error([&] { nn::GroupNorm(0, 6); }, {"GroupNorm", "positive"});
+  nn::GroupNorm gn(2, 4);
+  expect_error([&] { gn(zeros({2, 6, 3})); }, {"group_norm", "weight"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
