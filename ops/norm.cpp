@@ -115,6 +115,92 @@ void affine_run(const T* x, T* y, int64_t n, T alpha, T beta) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * alpha + beta;
 }
 
+// batch_norm_forward (below) for S = 1, x (N, C) with a channel a column: the same sums in
+// double, taken along the rows for a block of channels [c0, c1) at a time, so that the inner
+// loops run over contiguous channels.
+template <class T>
+void batch_norm_forward_columns(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
+                                double* mean_d, double* var, int64_t N, int64_t C, double eps) {
+  parallel_for(
+      C,
+      [&](int64_t c0, int64_t c1) {
+        const int64_t w = c1 - c0;
+        std::vector<double> sum(w, 0.0), s1(w, 0.0), s2(w, 0.0);
+        std::vector<T> m(w), alpha(w), beta(w);
+        for (int64_t n = 0; n < N; ++n) {
+          const T* xr = x + n * C + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; ++c) sum[c] += static_cast<double>(xr[c]);
+        }
+        for (int64_t c = 0; c < w; ++c) m[c] = static_cast<T>(sum[c] / static_cast<double>(N));
+        for (int64_t n = 0; n < N; ++n) {
+          const T* xr = x + n * C + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; ++c) {
+            const double d = static_cast<double>(xr[c] - m[c]);
+            s1[c] += d, s2[c] += d * d;
+          }
+        }
+        for (int64_t c = 0; c < w; ++c) {
+          const double k = s1[c] / static_cast<double>(N);
+          const double v = std::max(s2[c] / static_cast<double>(N) - k * k, 0.0);
+          const T mu = static_cast<T>(static_cast<double>(m[c]) + k);
+          const T rs = static_cast<T>(1.0 / std::sqrt(v + eps));
+          mean[c0 + c] = mu, rstd[c0 + c] = rs;
+          mean_d[c0 + c] = static_cast<double>(m[c]) + k, var[c0 + c] = v;
+          alpha[c] = weight ? rs * weight[c0 + c] : rs;
+          beta[c] = (bias ? bias[c0 + c] : T(0)) - mu * alpha[c];
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          const T* xr = x + n * C + c0;
+          T* yr = y + n * C + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; ++c) yr[c] = xr[c] * alpha[c] + beta[c];
+        }
+      },
+      row_grain(3 * N, costly_grain()));
+}
+
+// batch_norm_backward (below) for S = 1, by blocks of channels as batch_norm_forward_columns.
+template <class T>
+void batch_norm_backward_columns(const T* g, const T* x, const T* weight, const T* mean,
+                                 const T* rstd, T* dx, T* dweight, T* dbias, int64_t N, int64_t C) {
+  const T inv_m = T(1) / static_cast<T>(N);
+  parallel_for(
+      C,
+      [&](int64_t c0, int64_t c1) {
+        const int64_t w = c1 - c0;
+        std::vector<double> sg(w, 0.0), sgx(w, 0.0);
+        const T *mu = mean + c0, *rs = rstd + c0;
+        for (int64_t n = 0; n < N; ++n) {
+          const T *gr = g + n * C + c0, *xr = x + n * C + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; ++c) {
+            sg[c] += static_cast<double>(gr[c]);
+            sgx[c] += static_cast<double>(gr[c] * (xr[c] - mu[c]));
+          }
+        }
+        for (int64_t c = 0; c < w; ++c) {
+          if (dweight) dweight[c0 + c] = static_cast<T>(sgx[c] * static_cast<double>(rs[c]));
+          if (dbias) dbias[c0 + c] = static_cast<T>(sg[c]);
+        }
+        if (!dx) return;
+        std::vector<T> k1(w), k2(w), f(w);
+        for (int64_t c = 0; c < w; ++c) {
+          k1[c] = static_cast<T>(sg[c]) * inv_m;
+          k2[c] = static_cast<T>(sgx[c]) * rs[c] * rs[c] * inv_m;
+          f[c] = weight ? rs[c] * weight[c0 + c] : rs[c];
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          const T *gr = g + n * C + c0, *xr = x + n * C + c0;
+          T* dxr = dx + n * C + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; ++c) dxr[c] = (gr[c] - k1[c] - (xr[c] - mu[c]) * k2[c]) * f[c];
+        }
+      },
+      row_grain(3 * N, costly_grain()));
+}
+
 // x, y (N, C, S) contiguous; weight, bias (C) or null. Per channel c, over its N runs of S:
 // mean and var (biased; both also in double, mean_d and var, for the running update) and rstd = 1 /
 // sqrt(var + eps), then
@@ -123,6 +209,8 @@ template <class T>
 void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
                         double* mean_d, double* var, Channels ch, double eps) {
   const int64_t N = ch.N, C = ch.C, S = ch.S;
+  if (S == 1)
+    return batch_norm_forward_columns(x, weight, bias, y, mean, rstd, mean_d, var, N, C, eps);
   parallel_for(
       C,
       [&](int64_t begin, int64_t end) {
@@ -147,6 +235,8 @@ template <class T>
 void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          T* dx, T* dweight, T* dbias, Channels ch) {
   const int64_t N = ch.N, C = ch.C, S = ch.S;
+  if (S == 1)
+    return batch_norm_backward_columns(g, x, weight, mean, rstd, dx, dweight, dbias, N, C);
   const T inv_m = T(1) / static_cast<T>(N * S);
   parallel_for(
       C,

@@ -63,6 +63,14 @@ void taps_forward(const T* x, T* y, const Taps& tp, Around a) {
         for (int64_t o = begin; o < end; ++o) {
           const T* xo = x + o * n * inner;
           T* yo = y + o * m * inner;
+          if (inner == 1) {  // the last dim: a gather along the row
+            const int64_t *i0 = tp.idx0.data(), *i1 = tp.idx1.data();
+            if (!tp.two())
+              for (int64_t i = 0; i < m; ++i) yo[i] = xo[i0[i]];
+            else
+              for (int64_t i = 0; i < m; ++i) yo[i] = w0[i] * xo[i0[i]] + w1[i] * xo[i1[i]];
+            continue;
+          }
           for (int64_t i = 0; i < m; ++i) {
             const T* p = xo + tp.idx0[i] * inner;
             T* yr = yo + i * inner;
@@ -92,6 +100,17 @@ void taps_adjoint(const T* g, T* dx, const Taps& tp, Around a) {
         for (int64_t o = begin; o < end; ++o) {
           const T* go = g + o * m * inner;
           T* dxo = dx + o * n * inner;
+          if (inner == 1) {  // the last dim: a scatter along the row
+            const int64_t *i0 = tp.idx0.data(), *i1 = tp.idx1.data();
+            if (!tp.two())
+              for (int64_t i = 0; i < m; ++i) dxo[i0[i]] += go[i];
+            else
+              for (int64_t i = 0; i < m; ++i) {
+                dxo[i0[i]] += w0[i] * go[i];
+                dxo[i1[i]] += w1[i] * go[i];
+              }
+            continue;
+          }
           for (int64_t i = 0; i < m; ++i) {
             const T* gr = go + i * inner;
             T* p = dxo + tp.idx0[i] * inner;

@@ -273,12 +273,29 @@ BOOST_AUTO_TEST_CASE(norm_kernels_match_ops_above_the_grain) {
   for (size_t i = 0; i < 3; ++i)
     expect_close(h1[i], h2[i], 1e-8, 1e-10, fmt::format("group_norm gradient {}", i));
 
+  // (N, C) inputs: a channel a column (the kernels' column path), above the grain too
+  const Tensor x2 = (randn({700, 40}, kFloat64) * 3 - 2).requires_grad_();
+  const Tensor w2 = randn({40}, kFloat64).requires_grad_(),
+               b2 = randn({40}, kFloat64).requires_grad_();
+  const Tensor up2 = randn({700, 40}, kFloat64);
+  const auto bn2_ops = [](const std::vector<Tensor>& v) {
+    const Tensor xc = v[0] - v[0].mean({0}, true);
+    return xc * pow(mean(xc * xc, {0}, true) + 1e-5, -0.5) * v[1] + v[2];
+  };
+  expect_close(bn({x2, w2, b2}), bn2_ops({x2, w2, b2}), 1e-10, 1e-12, "batch_norm 2-D forward");
+  const auto k1 = grads_of(bn, {x2, w2, b2}, up2), k2 = grads_of(bn2_ops, {x2, w2, b2}, up2);
+  for (size_t i = 0; i < 3; ++i)
+    expect_close(k1[i], k2[i], 1e-8, 1e-10, fmt::format("batch_norm 2-D gradient {}", i));
+
   // Float32 at an offset of 1000: the two-pass statistics against Float64's
   const Tensor far = randn({32, 4, 16, 16}, kFloat64) + 1000;
   expect_close(batch_norm(far.to(kFloat32), {}, {}, {}, {}, true).to(kFloat64),
                batch_norm(far, {}, {}, {}, {}, true), 0, 2e-3, "batch_norm Float32 far");
   expect_close(group_norm(far.to(kFloat32), 2).to(kFloat64), group_norm(far, 2), 0, 2e-3,
                "group_norm Float32 far");
+  const Tensor far2 = randn({300, 16}, kFloat64) + 1000;
+  expect_close(batch_norm(far2.to(kFloat32), {}, {}, {}, {}, true).to(kFloat64),
+               batch_norm(far2, {}, {}, {}, {}, true), 0, 2e-3, "batch_norm 2-D Float32 far");
 }
 
 // pad and interpolate above the parallel grain, and a large pad's backward, against the ops
