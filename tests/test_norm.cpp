@@ -379,6 +379,20 @@ BOOST_AUTO_TEST_CASE(modules_match_torch) {
   module_against_torch(gn_plain, "gn_plain", 1, g);
 }
 
+// A torch state dict (tests/golden/norm_model.safetensors: BatchNorm2d, GroupNorm and
+// BatchNorm2d without affine, after two training steps) loads one to one through nn::load, buffers
+// and num_batches_tracked included, and gives torch's eval output.
+BOOST_AUTO_TEST_CASE(torch_state_dict_loads) {
+  const Golden g("norm.json");
+  nn::Sequential model(std::make_shared<nn::BatchNorm2d>(3), std::make_shared<nn::GroupNorm>(1, 3),
+                       std::make_shared<nn::BatchNorm2d>(3, 1e-5, 0.1, false));
+  nn::load(model, golden_dir() + "/norm_model.safetensors");
+  const auto first = std::static_pointer_cast<nn::BatchNorm2d>(model[0]);
+  BOOST_TEST(first->num_batches_tracked.item<int64_t>() == 2);
+  model.eval();
+  expect_close(model(g["model.x"].to(kFloat32)).to(kFloat64), g["model.y"], 1e-5, 1e-6, "eval");
+}
+
 BOOST_AUTO_TEST_CASE(batch_norm_module_train_and_eval) {
   manual_seed(8);
   nn::BatchNorm2d bn(2);
