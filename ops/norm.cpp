@@ -68,19 +68,31 @@ T* data_or_null(Tensor& t) {
 
 // --- kernels
 
-// Σ f(x[i]) over n contiguous elements: blocks of 256 summed in T (vectorised), the blocks in
+// Σ x[i] over n contiguous elements: blocks of 256 summed in T (vectorised), the blocks in
 // double, so that long runs of Float32 keep their digits.
-template <class T, class F>
-double run_sum(const T* x, int64_t n, F f) {
+template <class T>
+double run_sum(const T* x, int64_t n) {
   double total = 0;
   for (int64_t b = 0; b < n; b += 256) {
     const int64_t e = std::min(n, b + 256);
     T s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = b; i < e; ++i) s += f(x[i], i);
+    for (int64_t i = b; i < e; ++i) s += x[i];
     total += static_cast<double>(s);
   }
   return total;
+}
+
+// Σ fa(i) and Σ fb(i) over i in [0, n), added to a and b, in one pass (as run_sum).
+template <class T, class FA, class FB>
+void run_sums(int64_t n, FA fa, FB fb, double& a, double& b) {
+  for (int64_t s = 0; s < n; s += 256) {
+    const int64_t e = std::min(n, s + 256);
+    T u = 0, v = 0;
+#pragma omp simd reduction(+ : u, v)
+    for (int64_t i = s; i < e; ++i) u += fa(i), v += fb(i);
+    a += static_cast<double>(u), b += static_cast<double>(v);
+  }
 }
 
 struct Moments {
@@ -95,14 +107,14 @@ template <class T>
 Moments moments(const T* x, int64_t runs, int64_t step, int64_t len) {
   const double M = static_cast<double>(runs * len);
   double sum = 0;
-  for (int64_t r = 0; r < runs; ++r)
-    sum += run_sum(x + r * step, len, [](T v, int64_t) { return v; });
+  for (int64_t r = 0; r < runs; ++r) sum += run_sum(x + r * step, len);
   const T m = static_cast<T>(sum / M);
   double s1 = 0, s2 = 0;
   for (int64_t r = 0; r < runs; ++r) {
     const T* xr = x + r * step;
-    s1 += run_sum(xr, len, [m](T v, int64_t) { return v - m; });
-    s2 += run_sum(xr, len, [m](T v, int64_t) { return (v - m) * (v - m); });
+    run_sums<T>(
+        len, [xr, m](int64_t i) { return xr[i] - m; },
+        [xr, m](int64_t i) { return (xr[i] - m) * (xr[i] - m); }, s1, s2);
   }
   const double c = s1 / M;
   return {static_cast<double>(m) + c, std::max(s2 / M - c * c, 0.0)};
@@ -246,8 +258,9 @@ void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
           double sg = 0, sgx = 0;
           for (int64_t n = 0; n < N; ++n) {
             const T *gr = g + (n * C + c) * S, *xr = x + (n * C + c) * S;
-            sg += run_sum(gr, S, [](T v, int64_t) { return v; });
-            sgx += run_sum(gr, S, [xr, mu](T v, int64_t i) { return v * (xr[i] - mu); });
+            run_sums<T>(
+                S, [gr](int64_t i) { return gr[i]; },
+                [gr, xr, mu](int64_t i) { return gr[i] * (xr[i] - mu); }, sg, sgx);
           }
           if (dweight) dweight[c] = static_cast<T>(sgx * rs);
           if (dbias) dbias[c] = static_cast<T>(sg);
@@ -314,8 +327,10 @@ void group_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
           double s1 = 0, s2 = 0;  // Σ dxhat, Σ dxhat (x - mean)
           for (int64_t d = 0; d < D; ++d) {
             const T *gr = g + r * K + d * S, *xr = x + r * K + d * S;
-            const double a = run_sum(gr, S, [](T v, int64_t) { return v; });
-            const double b = run_sum(gr, S, [xr, mu](T v, int64_t i) { return v * (xr[i] - mu); });
+            double a = 0, b = 0;
+            run_sums<T>(
+                S, [gr](int64_t i) { return gr[i]; },
+                [gr, xr, mu](int64_t i) { return gr[i] * (xr[i] - mu); }, a, b);
             pg[n * C + c0 + d] = a, pgx[n * C + c0 + d] = b;
             const double w = weight ? static_cast<double>(weight[c0 + d]) : 1.0;
             s1 += w * a, s2 += w * b;
