@@ -20,7 +20,6 @@
 #include "graph/strided.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
-#include "ops/index.h"
 
 namespace ember {
 
@@ -194,26 +193,13 @@ Tensor taps_along(const Tensor& x, int64_t dim, const TapsPtr& tp, std::string_v
   return record<TapsBackward>(op, out, {x}, dim, tp, op, adjoint_op);
 }
 
-// g (the output's shape along dim) summed back into the input positions the taps read.
+// g (the output's shape along dim) summed back into the input positions the taps read. Only the
+// CPU's taps_along records a TapsBackward (a device's map is index_select and elementwise ops,
+// differentiated as such), so g is on the CPU.
 Tensor taps_adjoint_along(const Tensor& g, int64_t dim, const TapsPtr& tp, std::string_view op,
                           std::string_view adjoint_op) {
   Shape shape = g.shape();
   shape[dim] = tp->n;
-  if (!g.device().is_cpu()) {
-    // each tap's (weighted) gradient added at the positions it read, by scatter_add
-    Shape ishape(static_cast<size_t>(g.dim()), 1);
-    ishape[dim] = tp->m();
-    Tensor dx = zeros(shape, g.dtype(), g.device());
-    const auto add_tap = [&](const std::vector<int64_t>& idx, const std::vector<double>* w) {
-      const Tensor index =
-          from_vector(idx, {tp->m()}, g.device()).reshape(ishape).expand(g.shape()).contiguous();
-      const Tensor src = w ? mul(g, weights_along(*w, dim, g.dim(), g)) : g;
-      dx = scatter_add(dx, dim, index, src);
-    };
-    add_tap(tp->idx0, tp->two() ? &tp->w0 : nullptr);
-    if (tp->two()) add_tap(tp->idx1, &tp->w1);
-    return dx;
-  }
   Tensor dx = zeros(shape, g.dtype(), g.device());
   if (g.numel() > 0) {
     Tensor gc;
