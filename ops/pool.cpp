@@ -32,6 +32,7 @@
 #include <limits>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "graph/autograd.h"
@@ -47,11 +48,22 @@ namespace ember {
 
 namespace {
 
-// The windows along one spatial dim of size `in` (Note [Pooling windows]).
+// The windows along one spatial dim of size `in` (Note [Pooling windows]); for a window moved by
+// a stride (not adaptive), its kernel, stride and padding too.
 struct Axis {
   int64_t in = 1, step = 1;
   std::vector<int64_t> begin, end, divisor;
+  int64_t kernel = 0, stride = 1, pad = 0;
   int64_t out() const { return static_cast<int64_t>(begin.size()); }
+  // [lo, hi): the outputs whose every tap lies inside the input, o·stride - pad + j·step for
+  // j < kernel (none when the windows are adaptive).
+  std::pair<int64_t, int64_t> interior() const {
+    if (kernel == 0) return {0, 0};
+    const int64_t lo = std::min(out(), (pad + stride - 1) / stride);
+    int64_t hi = out();
+    while (hi > lo && (hi - 1) * stride - pad + (kernel - 1) * step >= in) --hi;
+    return {lo, hi};
+  }
   int64_t taps(int64_t o) const {
     return begin[o] < end[o] ? (end[o] - begin[o] + step - 1) / step : 0;
   }
@@ -89,6 +101,7 @@ Axis max_axis(int64_t L, int64_t O, int64_t k, int64_t s, int64_t p, int64_t d) 
     if (start < 0) start += (-start + d - 1) / d * d;
     a.begin.push_back(start), a.end.push_back(end), a.divisor.push_back(1);
   }
+  a.kernel = k, a.stride = s, a.pad = p;
   return a;
 }
 
@@ -100,6 +113,7 @@ Axis avg_axis(int64_t L, int64_t O, int64_t k, int64_t s, int64_t p, bool count_
     a.begin.push_back(b), a.end.push_back(e);
     a.divisor.push_back(count_include_pad ? end - start : e - b);
   }
+  a.kernel = k, a.stride = s, a.pad = p;
   return a;
 }
 
@@ -197,40 +211,81 @@ const T* plane_of(const T* data, const Tensor& x4, int64_t p) {
   return data + p / C * x4.stride(0) + p % C * x4.stride(1);
 }
 
-// out, idx (N·C, OH, OW): each window's max and its flat position h·W + w (the first of equal
-// maxima, the last NaN, as torch); idx may be null. Unit: W's stride is 1.
+// One output row oh of max pooling of `plane` (rows sH apart, columns sW): into m and bi (OW)
+// each window's max and its flat position h·W + w, the first of equal maxima and the last NaN
+// (torch's `val > maxval || isnan(val)`, taps row by row). The interior columns (every tap
+// inside the input) go one tap at a time across the row, in vector loops; the others window by
+// window. Each window sees its taps in the same order either way. Idx: bi is wanted.
+template <class T, bool Idx, bool Unit>
+void max_pool_row(const T* plane, int64_t sH, int64_t sW, const Pool2d& g, int64_t oh, T* m,
+                  int64_t* bi) {
+  const Axis& aw = g.w;
+  const int64_t OW = aw.out(), W = aw.in, dW = aw.step, s = aw.stride, h0 = g.h.begin[oh];
+  const auto [lo, hi] = aw.interior();
+  for (int64_t ow = 0; ow < OW; ++ow) {
+    m[ow] = -std::numeric_limits<T>::infinity();
+    if (Idx) bi[ow] = h0 * W + aw.begin[ow];
+  }
+  const auto update = [](T& best, int64_t& at, T v, int64_t pos) {
+    const bool take = (v > best) | (v != v);
+    best = take ? v : best;
+    if (Idx) at = take ? pos : at;
+  };
+  for (int64_t h = h0; h < g.h.end[oh]; h += g.h.step) {
+    const T* row = plane + h * sH;
+    const auto window = [&](int64_t ow) {
+      int64_t unused = 0;
+      for (int64_t w = aw.begin[ow]; w < aw.end[ow]; w += dW)
+        update(m[ow], Idx ? bi[ow] : unused, row[w * (Unit ? 1 : sW)], h * W + w);
+    };
+    for (int64_t ow = 0; ow < lo; ++ow) window(ow);
+    for (int64_t j = 0; j < aw.kernel; ++j) {
+      const int64_t off = j * dW - aw.pad, base = h * W + off;
+      if (Unit && s == 1) {
+        const T* r = row + off;
+#pragma omp simd
+        for (int64_t ow = lo; ow < hi; ++ow) {
+          const T v = r[ow];
+          const bool take = (v > m[ow]) | (v != v);
+          m[ow] = take ? v : m[ow];
+          if (Idx) bi[ow] = take ? base + ow : bi[ow];
+        }
+      } else {
+        for (int64_t ow = lo; ow < hi; ++ow) {
+          const int64_t w = ow * s + off;
+          const T v = row[w * (Unit ? 1 : sW)];
+          const bool take = (v > m[ow]) | (v != v);
+          m[ow] = take ? v : m[ow];
+          if (Idx) bi[ow] = take ? base + ow * s : bi[ow];
+        }
+      }
+    }
+    for (int64_t ow = std::max(lo, hi); ow < OW; ++ow) window(ow);
+  }
+}
+
+// out, idx (N·C, OH, OW): max_pool_row over every row of every plane; idx may be null. Unit:
+// W's stride is 1.
 template <class T, bool Unit>
 void max_pool_kernel(const Tensor& x4, const Pool2d& g, T* out, int64_t* idx) {
   const T* px = x4.data<T>();
-  const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out(), W = g.w.in;
-  const int64_t sH = x4.stride(2), sW = Unit ? 1 : x4.stride(3), dH = g.h.step, dW = g.w.step;
+  const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out();
+  const int64_t sH = x4.stride(2), sW = x4.stride(3);
   parallel_for(
       P,
       [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {
           const T* plane = plane_of(px, x4, p);
-          T* o = out + p * OH * OW;
-          int64_t* oi = idx ? idx + p * OH * OW : nullptr;
           for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t h0 = g.h.begin[oh], h1 = g.h.end[oh];
-            for (int64_t ow = 0; ow < OW; ++ow) {
-              const int64_t w0 = g.w.begin[ow], w1 = g.w.end[ow];
-              int64_t best = h0 * W + w0;
-              T m = -std::numeric_limits<T>::infinity();
-              for (int64_t h = h0; h < h1; h += dH) {
-                const T* row = plane + h * sH;
-                for (int64_t w = w0; w < w1; w += dW) {
-                  const T v = row[w * sW];
-                  if (v > m || std::isnan(v)) m = v, best = h * W + w;
-                }
-              }
-              o[oh * OW + ow] = m;
-              if (oi) oi[oh * OW + ow] = best;
-            }
+            T* o = out + (p * OH + oh) * OW;
+            if (idx)
+              max_pool_row<T, true, Unit>(plane, sH, sW, g, oh, o, idx + (p * OH + oh) * OW);
+            else
+              max_pool_row<T, false, Unit>(plane, sH, sW, g, oh, o, nullptr);
           }
         }
       },
-      row_grain(x4.size(2) * W));
+      row_grain(x4.size(2) * x4.size(3)));
 }
 
 // gx (N·C, H·W), zeroed: gy (N·C, O) contiguous added at idx; indices outside the plane (a window
@@ -250,57 +305,105 @@ void max_pool_backward_kernel(const T* gy, const int64_t* idx, T* gx, int64_t P,
       row_grain(HW + O));
 }
 
-// out (N·C, OH, OW) = each window's sum / (divisor_h · divisor_w) (y = A x), summed in double.
+// row[b], row[b + 1], … below row[e] (elements sW apart) summed in double, in four partial sums
+// (a chain of dependent adds is what a long window would wait on).
+template <class T>
+double row_sum(const T* row, int64_t b, int64_t e, int64_t sW) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t w = b;
+  for (; w + 4 <= e; w += 4) {
+    s0 += row[w * sW], s1 += row[(w + 1) * sW];
+    s2 += row[(w + 2) * sW], s3 += row[(w + 3) * sW];
+  }
+  for (; w < e; ++w) s0 += row[w * sW];
+  return (s0 + s1) + (s2 + s3);
+}
+
+// out (N·C, OH, OW) = each window's sum / (divisor_h · divisor_w) (y = A x), summed in double:
+// an output row's sums in `acc` (OW), the interior columns (every tap inside the input) one tap
+// at a time across the row in vector loops, the others window by window.
 template <class T>
 void avg_pool_kernel(const Tensor& x4, const Pool2d& g, T* out) {
   const T* px = x4.data<T>();
   const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out();
-  const int64_t sH = x4.stride(2), sW = x4.stride(3);
+  const int64_t sH = x4.stride(2), sW = x4.stride(3), s = g.w.stride;
+  const auto [lo, hi] = g.w.interior();
+  const bool whole_rows = OW == 1 && g.w.begin[0] == 0 && g.w.end[0] == g.w.in && sW == 1;
   parallel_for(
       P,
       [&](int64_t p0, int64_t p1) {
+        std::vector<double> acc(static_cast<size_t>(OW));
         for (int64_t p = p0; p < p1; ++p) {
           const T* plane = plane_of(px, x4, p);
-          T* o = out + p * OH * OW;
-          for (int64_t oh = 0; oh < OH; ++oh)
-            for (int64_t ow = 0; ow < OW; ++ow) {
-              double sum = 0;
-              for (int64_t h = g.h.begin[oh]; h < g.h.end[oh]; ++h) {
-                const T* row = plane + h * sH;
-                if (sW == 1)
-                  for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) sum += row[w];
-                else
-                  for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) sum += row[w * sW];
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            std::fill(acc.begin(), acc.end(), 0.0);
+            double* a = acc.data();
+            // one window over whole rows of a contiguous plane (global pooling): one block
+            const bool block = whole_rows && sH == x4.size(3);
+            if (block) a[0] = row_sum(plane, g.h.begin[oh] * sH, g.h.end[oh] * sH, 1);
+            for (int64_t h = g.h.begin[oh]; h < g.h.end[oh] && !block; ++h) {
+              const T* row = plane + h * sH;
+              for (int64_t ow = 0; ow < lo; ++ow)
+                a[ow] += row_sum(row, g.w.begin[ow], g.w.end[ow], sW);
+              for (int64_t j = 0; j < g.w.kernel && lo < hi; ++j) {
+                const T* r = row + (j - g.w.pad) * sW;
+                if (sW == 1 && s == 1) {
+#pragma omp simd
+                  for (int64_t ow = lo; ow < hi; ++ow) a[ow] += r[ow];
+                } else {
+                  for (int64_t ow = lo; ow < hi; ++ow) a[ow] += r[ow * s * sW];
+                }
               }
-              const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
-              o[oh * OW + ow] = div == 0 ? T(0) : static_cast<T>(sum / static_cast<double>(div));
+              for (int64_t ow = std::max(lo, hi); ow < OW; ++ow)
+                a[ow] += row_sum(row, g.w.begin[ow], g.w.end[ow], sW);
             }
+            T* o = out + (p * OH + oh) * OW;
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
+              o[ow] = div == 0 ? T(0) : static_cast<T>(a[ow] / static_cast<double>(div));
+            }
+          }
         }
       },
       row_grain(x4.size(2) * x4.size(3)));
 }
 
 // gx (N·C, H, W), zeroed, += gy / (divisor_h · divisor_w) over each window (z = Aᵀ gy); gy
-// (N, C, OH, OW) of any strides.
+// (N, C, OH, OW) of any strides. An output row's deltas in `delta` (OW), the interior columns
+// spread one tap at a time across the row (distinct positions for distinct columns).
 template <class T>
 void avg_pool_adjoint_kernel(const Tensor& gy, const Pool2d& g, T* gx) {
   const T* pg = gy.data<T>();
   const int64_t P = gy.size(0) * gy.size(1), OH = g.h.out(), OW = g.w.out(), W = g.w.in;
-  const int64_t HW = g.h.in * W, sH = gy.stride(2), sW = gy.stride(3);
+  const int64_t HW = g.h.in * W, sH = gy.stride(2), sW = gy.stride(3), s = g.w.stride;
+  const auto [lo, hi] = g.w.interior();
   parallel_for(
       P,
       [&](int64_t p0, int64_t p1) {
+        std::vector<T> delta(static_cast<size_t>(OW));
         for (int64_t p = p0; p < p1; ++p) {
           const T* plane = plane_of(pg, gy, p);
           T* o = gx + p * HW;
-          for (int64_t oh = 0; oh < OH; ++oh)
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            T* d = delta.data();
             for (int64_t ow = 0; ow < OW; ++ow) {
               const int64_t div = g.h.divisor[oh] * g.w.divisor[ow];
-              if (div == 0) continue;
-              const T delta = plane[oh * sH + ow * sW] / static_cast<T>(div);
-              for (int64_t h = g.h.begin[oh]; h < g.h.end[oh]; ++h)
-                for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) o[h * W + w] += delta;
+              d[ow] = div == 0 ? T(0) : plane[oh * sH + ow * sW] / static_cast<T>(div);
             }
+            for (int64_t h = g.h.begin[oh]; h < g.h.end[oh]; ++h) {
+              T* row = o + h * W;
+              const auto window = [&](int64_t ow) {
+                for (int64_t w = g.w.begin[ow]; w < g.w.end[ow]; ++w) row[w] += d[ow];
+              };
+              for (int64_t ow = 0; ow < lo; ++ow) window(ow);
+              for (int64_t j = 0; j < g.w.kernel && lo < hi; ++j) {
+                T* r = row + j - g.w.pad;
+#pragma omp simd
+                for (int64_t ow = lo; ow < hi; ++ow) r[ow * s] += d[ow];
+              }
+              for (int64_t ow = std::max(lo, hi); ow < OW; ++ow) window(ow);
+            }
+          }
         }
       },
       row_grain(HW + OH * OW));
