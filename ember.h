@@ -15,6 +15,7 @@
 #include "graph/random.h"
 #include "graph/tensor.h"
 #include "nn/nn.h"
+#include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/index.h"
 #include "ops/linalg.h"

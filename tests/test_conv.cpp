@@ -1,0 +1,225 @@
+// conv1d, conv2d, conv_transpose1d and conv_transpose2d: one table of cases (tests/op_table.h)
+// drives gradcheck and gradgradcheck on several layouts, the backward under create_graph, the
+// PyTorch golden values and gradients, edge shapes, anomaly mode and the emulated device; then a
+// direct (seven-loop) convolution against the im2col path at a size that runs in parallel, the
+// transposed convolution as the adjoint of the convolution, and every error message.
+#include <boost/test/unit_test.hpp>
+
+#include "tests/edge_shapes.h"
+
+using namespace ember;
+using namespace ember::testing;
+
+namespace {
+
+// One row per op case; tests/op_table.h says what the fields mean. After adding or changing a
+// row, run /usr/bin/python3 tests/golden/gen_op_tables.py. Rows whose bias may be undefined are
+// kOptionalInputs.
+// clang-format off
+const OpTable kConvOps = {
+    // conv2d: stride, padding (numbers, per dim, "same", "valid"), dilation, groups, unbatched
+    {"conv2d", "F.conv2d(a, b, c)", {{2, 3, 5, 6}, {4, 3, 3, 3}, {4}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2]); }, kOptionalInputs},
+    {"conv2d stride padding", "F.conv2d(a, b, c, stride=2, padding=1)",
+     {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {2}, 1); }, kOptionalInputs},
+    {"conv2d stride and padding per dim", "F.conv2d(a, b, None, stride=(2, 1), padding=(0, 2))",
+     {{2, 2, 5, 5}, {3, 2, 2, 3}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], {}, {2, 1}, {0, 2}); }},
+    {"conv2d dilation", "F.conv2d(a, b, c, padding=2, dilation=2)",
+     {{1, 2, 6, 6}, {3, 2, 3, 3}, {3}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 2, {2}); }, kOptionalInputs},
+    {"conv2d groups", "F.conv2d(a, b, c, groups=2)", {{2, 4, 5, 5}, {6, 2, 3, 3}, {6}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 0, {1}, 2); }, kOptionalInputs},
+    {"conv2d depthwise", "F.conv2d(a, b, c, padding=1, groups=3)",
+     {{2, 3, 5, 5}, {6, 1, 3, 3}, {6}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1, {1}, 3); }, kOptionalInputs},
+    {"conv2d same with an even kernel", "F.conv2d(a, b, c, padding='same', dilation=(1, 2))",
+     {{1, 2, 5, 6}, {3, 2, 2, 4}, {3}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, "same", {1, 2}); }, kOptionalInputs},
+    {"conv2d valid", "F.conv2d(a, b, None, stride=(1, 2), padding='valid')",
+     {{2, 2, 4, 7}, {2, 2, 3, 2}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], {}, {1, 2}, "valid"); }},
+    {"conv2d unbatched", "F.conv2d(a, b, c, padding=1)", {{3, 5, 4}, {2, 3, 3, 3}, {2}}, {},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1); }, kOptionalInputs},
+    {"conv2d 1x1", "F.conv2d(a, b)", {{2, 4, 3, 3}, {5, 4, 1, 1}}, {},
+     [](auto& v) { return conv2d(v[0], v[1]); }},
+    {"conv2d then relu", "F.relu(F.conv2d(a, b, c, padding=1))", {{2, 2, 4, 4}, {3, 2, 3, 3}, {3}},
+     {}, [](auto& v) { return relu(conv2d(v[0], v[1], v[2], {1}, 1)); }, kOptionalInputs},
+    // conv1d
+    {"conv1d", "F.conv1d(a, b, c)", {{2, 3, 7}, {4, 3, 3}, {4}}, {},
+     [](auto& v) { return conv1d(v[0], v[1], v[2]); }, kOptionalInputs},
+    {"conv1d stride padding dilation", "F.conv1d(a, b, c, stride=2, padding=2, dilation=2)",
+     {{2, 2, 9}, {3, 2, 3}, {3}}, {},
+     [](auto& v) { return conv1d(v[0], v[1], v[2], {2}, 2, {2}); }, kOptionalInputs},
+    {"conv1d groups unbatched", "F.conv1d(a, b, None, groups=2)", {{4, 6}, {4, 2, 2}}, {},
+     [](auto& v) { return conv1d(v[0], v[1], {}, {1}, 0, {1}, 2); }},
+    {"conv1d same", "F.conv1d(a, b, c, padding='same')", {{2, 2, 6}, {3, 2, 4}, {3}}, {},
+     [](auto& v) { return conv1d(v[0], v[1], v[2], {1}, "same"); }, kOptionalInputs},
+    // conv_transpose2d and conv_transpose1d: output_padding, groups, dilation
+    {"conv_transpose2d", "F.conv_transpose2d(a, b, c)", {{2, 3, 4, 4}, {3, 2, 3, 3}, {2}}, {},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2]); }, kOptionalInputs},
+    {"conv_transpose2d stride padding output_padding",
+     "F.conv_transpose2d(a, b, c, stride=2, padding=1, output_padding=1)",
+     {{2, 2, 3, 4}, {2, 3, 3, 3}, {3}}, {},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2], {2}, {1}, {1}); }, kOptionalInputs},
+    {"conv_transpose2d groups dilation",
+     "F.conv_transpose2d(a, b, c, stride=(2, 1), padding=(1, 0), groups=2, dilation=(1, 2))",
+     {{1, 4, 3, 3}, {4, 2, 3, 2}, {4}}, {},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2], {2, 1}, {1, 0}, {0}, 2, {1, 2}); },
+     kOptionalInputs},
+    {"conv_transpose2d unbatched", "F.conv_transpose2d(a, b)", {{2, 3, 3}, {2, 3, 2, 2}}, {},
+     [](auto& v) { return conv_transpose2d(v[0], v[1]); }},
+    {"conv_transpose1d", "F.conv_transpose1d(a, b, c, stride=3, padding=1, output_padding=2)",
+     {{2, 2, 4}, {2, 3, 3}, {3}}, {},
+     [](auto& v) { return conv_transpose1d(v[0], v[1], v[2], {3}, {1}, {2}); }, kOptionalInputs},
+    {"conv_transpose1d output_padding below the dilation",
+     "F.conv_transpose1d(a, b, None, output_padding=1, groups=2, dilation=2)",
+     {{2, 4, 5}, {4, 1, 3}}, {},
+     [](auto& v) { return conv_transpose1d(v[0], v[1], {}, {1}, {0}, {1}, 2, {2}); }},
+};
+// clang-format on
+
+// y[n, o, i, j] = b[o] + Σ x[n, c, i·s + p·dil - pad, …] w[o, c - g·C/G, p, q]: the definition,
+// seven loops in Float64, for a (N, C, H, W) input.
+Tensor direct_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t pad,
+                     int64_t dil, int64_t groups) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t O = w.size(0), Cg = w.size(1), kH = w.size(2), kW = w.size(3);
+  const int64_t OH = (H + 2 * pad - dil * (kH - 1) - 1) / stride + 1;
+  const int64_t OW = (W + 2 * pad - dil * (kW - 1) - 1) / stride + 1;
+  const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>(),
+                            bv = b.to_vector<double>();
+  std::vector<double> y(static_cast<size_t>(N * O * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < OH; ++i)
+        for (int64_t j = 0; j < OW; ++j) {
+          double sum = bv[o];
+          const int64_t g = o / (O / groups);
+          for (int64_t c = 0; c < Cg; ++c)
+            for (int64_t p = 0; p < kH; ++p)
+              for (int64_t q = 0; q < kW; ++q) {
+                const int64_t ih = i * stride + p * dil - pad, iw = j * stride + q * dil - pad;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                sum += xv[((n * C + g * Cg + c) * H + ih) * W + iw] *
+                       wv[((o * Cg + c) * kH + p) * kW + q];
+              }
+          y[((n * O + o) * OH + i) * OW + j] = sum;
+        }
+  return from_vector(y, {N, O, OH, OW}, kFloat64);
+}
+
+// f throws an ember::Error whose message contains `part`.
+template <class F>
+void fails(F&& f, const std::string& part) {
+  expect_error(std::forward<F>(f), {part});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(test_conv)
+
+BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kConvOps); }
+
+// The im2col path against the definition at a size whose im2col and col2im split across
+// threads, with stride, padding, dilation and groups; Float32 against Float64.
+BOOST_AUTO_TEST_CASE(conv2d_matches_definition_in_parallel) {
+  manual_seed(7);
+  const Tensor x = randn({6, 8, 19, 17}, kFloat64), w = randn({12, 4, 3, 3}, kFloat64),
+               b = randn({12}, kFloat64);
+  for (const auto& [stride, pad, dil] : {std::array<int64_t, 3>{1, 1, 1}, {2, 2, 2}, {3, 0, 1}}) {
+    BOOST_TEST_CONTEXT("stride " << stride << " padding " << pad << " dilation " << dil) {
+      const Tensor want = direct_conv2d(x, w, b, stride, pad, dil, 2);
+      expect_close(conv2d(x, w, b, {stride}, pad, {dil}, 2), want, 1e-12, 1e-12, "Float64");
+      expect_close(conv2d(x.to(kFloat32), w.to(kFloat32), b.to(kFloat32), {stride}, pad, {dil}, 2)
+                       .to(kFloat64),
+                   want, 1e-4, 1e-4, "Float32");
+    }
+  }
+}
+
+// <conv(x), y> = <x, conv_transpose(y)> with the same weight: the transposed convolution is the
+// convolution's adjoint (output_padding recovering the sizes a stride drops).
+BOOST_AUTO_TEST_CASE(conv_transpose_is_the_adjoint) {
+  manual_seed(8);
+  const Tensor x = randn({3, 4, 11, 10}, kFloat64), w = randn({6, 2, 3, 2}, kFloat64);
+  const Tensor y = conv2d(x, w, {}, {2, 3}, {1, 0}, {2, 1}, 2);
+  const Tensor u = randn(y.shape(), kFloat64);
+  const Tensor back = conv_transpose2d(u, w, {}, {2, 3}, {1, 0}, {0, 2}, 2, {2, 1});
+  BOOST_TEST_REQUIRE((back.shape() == x.shape()), fmt::format("{}", back.shape()));
+  const double lhs = (y * u).sum().item<double>(), rhs = (x * back).sum().item<double>();
+  BOOST_TEST(lhs == rhs, boost::test_tools::tolerance(1e-10));
+}
+
+// An empty batch gives an empty result, and empty gradients.
+BOOST_AUTO_TEST_CASE(empty_batch) {
+  const Tensor x = zeros({0, 3, 5, 5}, kFloat64).requires_grad_();
+  const Tensor w = randn({4, 3, 3, 3}, kFloat64).requires_grad_();
+  const Tensor y = conv2d(x, w, {}, {1}, 1);
+  BOOST_TEST((y.shape() == Shape{0, 4, 5, 5}));
+  y.sum().backward();
+  BOOST_TEST((x.grad().shape() == x.shape()));
+  BOOST_TEST(w.grad().abs().sum().item<double>() == 0.0);
+  const Tensor t = conv_transpose1d(zeros({0, 2, 4}), randn({2, 3, 3}), {}, {2});
+  BOOST_TEST((t.shape() == Shape{0, 3, 9}));
+}
+
+BOOST_AUTO_TEST_CASE(errors) {
+  const Tensor x = randn({2, 4, 5, 5}), w = randn({6, 2, 3, 3});
+  fails([&] { conv2d(x, w, {}, {1}, 0, {1}, 3); },
+               "conv2d: in_channels 4 and out_channels 6 must both be divisible by groups 3");
+  fails([&] { conv2d(x, w); }, "conv2d: weight of shape [6, 2, 3, 3] with groups 1 "
+                                      "expects 2 input channels");
+  fails([&] { conv2d(x, w, {}, {0}, 0, {1}, 2); }, "conv2d: stride must be positive");
+  fails([&] { conv2d(x, w, {}, {-1, 1}, 0, {1}, 2); }, "conv2d: stride must be positive");
+  fails([&] { conv2d(x, w, {}, {1}, 0, {0}, 2); }, "conv2d: dilation must be positive");
+  fails([&] { conv2d(x, w, {}, {1, 1, 1}, 0, {1}, 2); },
+               "conv2d: stride must have 1 or 2 values, got 3");
+  fails([&] { conv2d(x, w, {}, {1}, -1, {1}, 2); }, "conv2d: padding must be non-negative");
+  fails([&] { conv2d(x, w, {}, {1}, 0, {1}, 0); }, "conv2d: groups must be positive");
+  fails([&] { conv2d(x, w, {}, {2}, "same", {1}, 2); },
+               "conv2d: padding \"same\" needs stride 1");
+  fails([&] { conv2d(x, w, {}, {1}, "full", {1}, 2); },
+               "conv2d: padding must be numbers, \"same\" or \"valid\", got \"full\"");
+  fails([&] { conv2d(randn({2, 4, 2, 5}), w, {}, {1}, 0, {1}, 2); },
+               "conv2d: kernel size 3 (dilated to 3) is larger than the padded input 2");
+  fails([&] { conv2d(x, w, {}, {1}, 0, {3}, 2); },
+               "conv2d: kernel size 3 (dilated to 7) is larger than the padded input 5");
+  fails([&] { conv2d(randn({4, 5}), w, {}, {1}, 0, {1}, 2); },
+               "conv2d: expected a 3-D (unbatched) or 4-D (batched) input, got shape [4, 5]");
+  fails([&] { conv2d(x, randn({6, 2, 3})); }, "conv2d: weight must be 4-D");
+  fails([&] { conv2d(x, w, randn({5}), {1}, 0, {1}, 2); },
+               "conv2d: bias must be 1-D of 6 output channels, got shape [5]");
+  fails([&] { conv2d(x, w.to(kFloat64), {}, {1}, 0, {1}, 2); },
+               "conv2d: input is Float32 but weight is Float64");
+  fails([&] { conv2d(randint(0, 3, {2, 4, 5, 5}), w); }, "conv2d: expected a Float32");
+  fails([&] { conv1d(randn({2, 3, 5}), randn({2, 3, 0})); },
+        "conv1d: kernel sizes must be positive");
+  fails([&] { conv1d(randn({2, 3, 5}), randn({0, 3, 2})); },
+        "conv1d: weight of shape [0, 3, 2] has 0 channels in dim 0, fewer than groups 1");
+  fails([&] { conv2d(randn({2, 3, 0, 5}), randn({2, 3, 1, 1})); },
+        "conv2d: an input with a spatial size of 0 must have an empty batch or no channels");
+  fails([&] { conv_transpose1d(randn({2, 3, 5}), randn({3, 0, 2})); },
+        "conv_transpose1d: weight of shape [3, 0, 2] is empty");
+  fails([&] { conv_transpose2d(x, randn({4, 3, 3, 3}), {}, {1}, {0}, {1}); },
+               "conv_transpose2d: output_padding [1] must be smaller than the stride [1] or the "
+               "dilation [1]");
+  fails([&] { conv_transpose2d(x, randn({3, 3, 3, 3})); },
+               "conv_transpose2d: weight of shape [3, 3, 3, 3] expects 3 input channels, but the "
+               "input of shape [2, 4, 5, 5] has 4");
+  fails([&] { conv_transpose2d(x, randn({4, 3, 2, 2}), {}, {1}, {3}); },
+               "conv_transpose2d: output size 0 is below 1");
+  fails([&] { conv_transpose1d(randn({2, 3, 5}), randn({3, 2, 3}), {}, {1}, {0}, {0}, 2); },
+               "conv_transpose1d: in_channels 3 of the input [2, 3, 5] is not divisible by "
+               "groups 2");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
