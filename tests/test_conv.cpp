@@ -175,51 +175,115 @@ BOOST_AUTO_TEST_CASE(empty_batch) {
 BOOST_AUTO_TEST_CASE(errors) {
   const Tensor x = randn({2, 4, 5, 5}), w = randn({6, 2, 3, 3});
   fails([&] { conv2d(x, w, {}, {1}, 0, {1}, 3); },
-               "conv2d: in_channels 4 and out_channels 6 must both be divisible by groups 3");
-  fails([&] { conv2d(x, w); }, "conv2d: weight of shape [6, 2, 3, 3] with groups 1 "
-                                      "expects 2 input channels");
+        "conv2d: in_channels 4 and out_channels 6 must both be divisible by groups 3");
+  fails([&] { conv2d(x, w); },
+        "conv2d: weight of shape [6, 2, 3, 3] with groups 1 "
+        "expects 2 input channels");
   fails([&] { conv2d(x, w, {}, {0}, 0, {1}, 2); }, "conv2d: stride must be positive");
   fails([&] { conv2d(x, w, {}, {-1, 1}, 0, {1}, 2); }, "conv2d: stride must be positive");
   fails([&] { conv2d(x, w, {}, {1}, 0, {0}, 2); }, "conv2d: dilation must be positive");
-  fails([&] { conv2d(x, w, {}, {1, 1, 1}, 0, {1}, 2); },
-               "conv2d: stride must have 1 or 2 values, got 3");
+  fails(
+      [&] {
+        conv2d(x, w, {}, {1, 1, 1}, 0, {1}, 2);
+      },
+      "conv2d: stride must have 1 or 2 values, got 3");
   fails([&] { conv2d(x, w, {}, {1}, -1, {1}, 2); }, "conv2d: padding must be non-negative");
   fails([&] { conv2d(x, w, {}, {1}, 0, {1}, 0); }, "conv2d: groups must be positive");
-  fails([&] { conv2d(x, w, {}, {2}, "same", {1}, 2); },
-               "conv2d: padding \"same\" needs stride 1");
+  fails([&] { conv2d(x, w, {}, {2}, "same", {1}, 2); }, "conv2d: padding \"same\" needs stride 1");
   fails([&] { conv2d(x, w, {}, {1}, "full", {1}, 2); },
-               "conv2d: padding must be numbers, \"same\" or \"valid\", got \"full\"");
-  fails([&] { conv2d(randn({2, 4, 2, 5}), w, {}, {1}, 0, {1}, 2); },
-               "conv2d: kernel size 3 (dilated to 3) is larger than the padded input 2");
+        "conv2d: padding must be numbers, \"same\" or \"valid\", got \"full\"");
+  fails(
+      [&] {
+        conv2d(randn({2, 4, 2, 5}), w, {}, {1}, 0, {1}, 2);
+      },
+      "conv2d: kernel size 3 (dilated to 3) is larger than the padded input 2");
   fails([&] { conv2d(x, w, {}, {1}, 0, {3}, 2); },
-               "conv2d: kernel size 3 (dilated to 7) is larger than the padded input 5");
-  fails([&] { conv2d(randn({4, 5}), w, {}, {1}, 0, {1}, 2); },
-               "conv2d: expected a 3-D (unbatched) or 4-D (batched) input, got shape [4, 5]");
+        "conv2d: kernel size 3 (dilated to 7) is larger than the padded input 5");
+  fails(
+      [&] {
+        conv2d(randn({4, 5}), w, {}, {1}, 0, {1}, 2);
+      },
+      "conv2d: expected a 3-D (unbatched) or 4-D (batched) input, got shape [4, 5]");
   fails([&] { conv2d(x, randn({6, 2, 3})); }, "conv2d: weight must be 4-D");
   fails([&] { conv2d(x, w, randn({5}), {1}, 0, {1}, 2); },
-               "conv2d: bias must be 1-D of 6 output channels, got shape [5]");
+        "conv2d: bias must be 1-D of 6 output channels, got shape [5]");
   fails([&] { conv2d(x, w.to(kFloat64), {}, {1}, 0, {1}, 2); },
-               "conv2d: input is Float32 but weight is Float64");
+        "conv2d: input is Float32 but weight is Float64");
   fails([&] { conv2d(randint(0, 3, {2, 4, 5, 5}), w); }, "conv2d: expected a Float32");
-  fails([&] { conv1d(randn({2, 3, 5}), randn({2, 3, 0})); },
-        "conv1d: kernel sizes must be positive");
-  fails([&] { conv1d(randn({2, 3, 5}), randn({0, 3, 2})); },
-        "conv1d: weight of shape [0, 3, 2] has 0 channels in dim 0, fewer than groups 1");
-  fails([&] { conv2d(randn({2, 3, 0, 5}), randn({2, 3, 1, 1})); },
-        "conv2d: an input with a spatial size of 0 must have an empty batch or no channels");
-  fails([&] { conv_transpose1d(randn({2, 3, 5}), randn({3, 0, 2})); },
-        "conv_transpose1d: weight of shape [3, 0, 2] is empty");
-  fails([&] { conv_transpose2d(x, randn({4, 3, 3, 3}), {}, {1}, {0}, {1}); },
-               "conv_transpose2d: output_padding [1] must be smaller than the stride [1] or the "
-               "dilation [1]");
-  fails([&] { conv_transpose2d(x, randn({3, 3, 3, 3})); },
-               "conv_transpose2d: weight of shape [3, 3, 3, 3] expects 3 input channels, but the "
-               "input of shape [2, 4, 5, 5] has 4");
-  fails([&] { conv_transpose2d(x, randn({4, 3, 2, 2}), {}, {1}, {3}); },
-               "conv_transpose2d: output size 0 is below 1");
-  fails([&] { conv_transpose1d(randn({2, 3, 5}), randn({3, 2, 3}), {}, {1}, {0}, {0}, 2); },
-               "conv_transpose1d: in_channels 3 of the input [2, 3, 5] is not divisible by "
-               "groups 2");
+  fails(
+      [&] {
+        conv1d(randn({2, 3, 5}), randn({2, 3, 0}));
+      },
+      "conv1d: kernel sizes must be positive");
+  fails(
+      [&] {
+        conv1d(randn({2, 3, 5}), randn({0, 3, 2}));
+      },
+      "conv1d: weight of shape [0, 3, 2] has 0 channels in dim 0, fewer than groups 1");
+  fails(
+      [&] {
+        conv2d(randn({2, 3, 0, 5}), randn({2, 3, 1, 1}));
+      },
+      "conv2d: an input with a spatial size of 0 must have an empty batch or no channels");
+  fails(
+      [&] {
+        conv_transpose1d(randn({2, 3, 5}), randn({3, 0, 2}));
+      },
+      "conv_transpose1d: weight of shape [3, 0, 2] is empty");
+  fails(
+      [&] {
+        conv_transpose2d(x, randn({4, 3, 3, 3}), {}, {1}, {0}, {1});
+      },
+      "conv_transpose2d: output_padding [1] must be smaller than the stride [1] or the "
+      "dilation [1]");
+  fails(
+      [&] {
+        conv_transpose2d(x, randn({3, 3, 3, 3}));
+      },
+      "conv_transpose2d: weight of shape [3, 3, 3, 3] expects 3 input channels, but the "
+      "input of shape [2, 4, 5, 5] has 4");
+  fails(
+      [&] {
+        conv_transpose2d(x, randn({4, 3, 2, 2}), {}, {1}, {3});
+      },
+      "conv_transpose2d: output size 0 is below 1");
+  fails(
+      [&] {
+        conv_transpose1d(randn({2, 3, 5}), randn({3, 2, 3}), {}, {1}, {0}, {0}, 2);
+      },
+      "conv_transpose1d: in_channels 3 of the input [2, 3, 5] is not divisible by "
+      "groups 2");
+}
+
+// The layers: torch's parameter names, shapes and initialisation bound, options passed through,
+// padding_mode as pad() then an unpadded convolution, Flatten in a Sequential.
+BOOST_AUTO_TEST_CASE(conv_modules) {
+  manual_seed(9);
+  nn::Conv2d conv(4, 6, {3, 2}, {.stride = {2}, .padding = {1, 0}, .groups = 2});
+  const auto named = conv.named_parameters();
+  BOOST_TEST_REQUIRE(named.size() == 2u);
+  BOOST_TEST(named[0].first == "weight");
+  BOOST_TEST(named[1].first == "bias");
+  BOOST_TEST((conv.weight.shape() == Shape{6, 2, 3, 2}));
+  const double bound = 1.0 / std::sqrt(2.0 * 3 * 2);
+  BOOST_TEST(conv.weight.abs().max().item<double>() <= bound);
+  BOOST_TEST(conv.bias.abs().max().item<double>() <= bound);
+  const Tensor x = randn({2, 4, 7, 5});
+  expect_close(conv(x), conv2d(x, conv.weight, conv.bias, {2}, {1, 0}, {1}, 2), 0, 0, "forward");
+  nn::Conv1d reflect(2, 3, {3}, {.padding = 2, .bias = false, .padding_mode = "reflect"});
+  BOOST_TEST(!reflect.bias.defined());
+  const Tensor s = randn({2, 2, 6});
+  expect_close(reflect(s), conv1d(pad(s, {2, 2}, "reflect"), reflect.weight), 0, 0, "reflect");
+  nn::ConvTranspose2d up(3, 4, {2}, {.stride = {2}});
+  BOOST_TEST((up.weight.shape() == Shape{3, 4, 2, 2}));
+  BOOST_TEST((up(randn({1, 3, 4, 5})).shape() == Shape{1, 4, 8, 10}));
+  nn::Sequential net(std::make_shared<nn::Conv2d>(1, 2, IntList{3}),
+                     std::make_shared<nn::Flatten>());
+  BOOST_TEST((net.forward(randn({5, 1, 6, 6})).shape() == Shape{5, 32}));
+  fails([] { nn::Conv2d(3, 4, {3}, {.groups = 2}); },
+        "Conv2d: in_channels 3 and out_channels 4 must both be divisible by groups 2");
+  fails([] { nn::Conv2d(3, 4, {3}, {.padding_mode = "mirror"}); }, "Conv2d: padding_mode must be");
+  fails([] { nn::Conv1d(3, 4, {0}); }, "Conv1d: kernel_size must be positive");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
