@@ -12,7 +12,7 @@ for program in nw_regression mlp_regression transformer_copy; do
 done
 # G2P: a short, bounded run (20,000 train words, a small model, 10 epochs: under a minute on 2
 # cores) that shows dev WER falling, then pronounces a few words with the saved model. The full
-# run (README, "Grapheme-to-phoneme") is `build/examples/g2p --out out/g2p`.
+# run (docs/guide.md, "Grapheme-to-phoneme") is `build/examples/g2p --out out/g2p`.
 if [ -x "$build/examples/g2p" ]; then
   echo "=== g2p (short) ==="
   "$build/examples/g2p" --limit 20000 --eval-limit 1000 --epochs 10 --layers 2 --d-model 128 \
@@ -21,7 +21,7 @@ if [ -x "$build/examples/g2p" ]; then
   ran=1
 fi
 # The physics-informed network, short: 500 Adam steps and 1,000 L-BFGS iterations (relative
-# error ~0.1, under a minute on 2 cores); the full run (README, "A physics-informed network")
+# error ~0.1, under a minute on 2 cores); the full run (docs/guide.md, "A physics-informed network")
 # is `build/examples/pinn --out out/pinn`.
 if [ -x "$build/examples/pinn" ]; then
   echo "=== pinn (short) ==="
