@@ -25,6 +25,7 @@
 #include "ops/pool.h"
 #include "ops/reduce.h"
 #include "ops/resample.h"
+#include "ops/rnn.h"
 #include "ops/shape.h"
 #include "optim/optim.h"
 #include "train/checkpoint.h"

@@ -11,6 +11,7 @@
 #include "nn/norm.h"
 #include "nn/nw_regression.h"
 #include "nn/pooling.h"
+#include "nn/rnn.h"
 #include "nn/rnn_utils.h"
 #include "nn/serialization.h"
 #include "nn/transformer.h"
