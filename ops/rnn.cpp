@@ -147,16 +147,19 @@ struct Workspace {
 // the biases folded in (GRU: all but b_hn), gh (rows, G·H) the hidden products, hp and cp (rows,
 // H) the state read; writes act and aux rows, the new state into hs and cs (the state buffer's
 // rows) and the output rows ho. Row stride G·H or H throughout.
-template <class T>
-void gates_forward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* gx, const T* gh,
-                   const T* bhn, const T* hp, const T* cp, T* act, T* aux, T* hs, T* cs, T* ho) {
-  const int64_t GH = gate_count(cell) * H;
+template <Cell cell, class T>
+void gates_forward(int64_t H, int64_t begin, int64_t end, const T* __restrict gx,
+                   const T* __restrict gh, const T* __restrict bhn, const T* __restrict hp,
+                   const T* __restrict cp, T* __restrict act, T* __restrict aux, T* __restrict hs,
+                   T* __restrict cs, T* __restrict ho) {
+  constexpr int64_t GH_per_H = cell == Cell::LSTM ? 4 : cell == Cell::GRU ? 3 : 1;
+  const int64_t GH = GH_per_H * H;
   for (int64_t r = begin; r < end; ++r) {
-    const T *a = gx + r * GH, *b = gh + r * GH, *hpr = hp + r * H;
-    T *ac = act + r * GH, *h = hs + r * H, *out = ho + r * H;
-    if (cell == Cell::LSTM) {
-      const T* cpr = cp + r * H;
-      T *c = cs + r * H, *tc = aux + r * H;
+    const T* __restrict a = gx + r * GH, * __restrict b = gh + r * GH;
+    T* __restrict ac = act + r * GH, * __restrict h = hs + r * H, * __restrict out = ho + r * H;
+    if constexpr (cell == Cell::LSTM) {
+      const T* __restrict cpr = cp + r * H;
+      T* __restrict c = cs + r * H, * __restrict tc = aux + r * H;
       for (int64_t j = 0; j < H; ++j) {
         const T i = vsigmoid(a[j] + b[j]), f = vsigmoid(a[H + j] + b[H + j]);
         const T g = vtanh(a[2 * H + j] + b[2 * H + j]), o = vsigmoid(a[3 * H + j] + b[3 * H + j]);
@@ -165,16 +168,17 @@ void gates_forward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* gx
         c[j] = cn, tc[j] = t;
         h[j] = out[j] = o * t;
       }
-    } else if (cell == Cell::GRU) {
-      T* hn = aux + r * H;
+    } else if constexpr (cell == Cell::GRU) {
+      const T* __restrict hpr = hp + r * H;
+      T* __restrict hn = aux + r * H;
       for (int64_t j = 0; j < H; ++j) {
         const T rg = vsigmoid(a[j] + b[j]), z = vsigmoid(a[H + j] + b[H + j]);
-        const T hnj = b[2 * H + j] + (bhn != nullptr ? bhn[j] : T(0));
+        const T hnj = b[2 * H + j] + bhn[j];
         const T n = vtanh(a[2 * H + j] + rg * hnj);
         ac[j] = rg, ac[H + j] = z, ac[2 * H + j] = n, hn[j] = hnj;
         h[j] = out[j] = n + z * (hpr[j] - n);
       }
-    } else if (cell == Cell::Tanh) {
+    } else if constexpr (cell == Cell::Tanh) {
       for (int64_t j = 0; j < H; ++j) h[j] = out[j] = ac[j] = vtanh(a[j] + b[j]);
     } else {
       for (int64_t j = 0; j < H; ++j) h[j] = out[j] = ac[j] = std::max(a[j] + b[j], T(0));
@@ -182,8 +186,23 @@ void gates_forward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* gx
   }
 }
 
+// f.template operator()<cell>(): a kernel instantiated for the cell at hand.
+template <class F>
+void with_cell(Cell cell, F&& f) {
+  switch (cell) {
+    case Cell::LSTM:
+      return f.template operator()<Cell::LSTM>();
+    case Cell::GRU:
+      return f.template operator()<Cell::GRU>();
+    case Cell::Tanh:
+      return f.template operator()<Cell::Tanh>();
+    case Cell::Relu:
+      return f.template operator()<Cell::Relu>();
+  }
+}
+
 // The derivatives of gates_forward for rows [begin, end) of a step, go the output's gradient
-// rows (null: zeros), ch and cc the carried dL/dh and dL/dc rows (in: from later steps and h_n,
+// rows, ch and cc the carried dL/dh and dL/dc rows (in: from later steps and h_n,
 // c_n; out: what reaches the state read, less the hidden product's term, which the caller adds);
 // writes dgi (rows, G·H), the gradient of the pre-activations on the input side, and dgh that of
 // the hidden product h W_hhᵀ + b_hh (GRU only; else the same as dgi).
@@ -192,18 +211,21 @@ void gates_forward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* gx
 //   GRU:  dz = dh (h - n), dn = dh (1 - z), dpn = dn (1 - n²);  dgi = [dpn hn r(1-r),
 //         dz z(1-z), dpn], dgh = dgi with dpn r for n;  dh ← dh z
 //   RNN:  dpre = dh (1 - h'²) (tanh) or dh [h' > 0] (relu);  dh ← 0
-template <class T>
-void gates_backward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* go, const T* act,
-                    const T* aux, const T* hp, const T* cp, T* ch, T* cc, T* dgi, T* dgh) {
-  const int64_t GH = gate_count(cell) * H;
+template <Cell cell, class T>
+void gates_backward(int64_t H, int64_t begin, int64_t end, const T* __restrict go,
+                    const T* __restrict act, const T* __restrict aux, const T* __restrict hp,
+                    const T* __restrict cp, T* __restrict ch, T* __restrict cc, T* __restrict dgi,
+                    T* __restrict dgh) {
+  constexpr int64_t GH_per_H = cell == Cell::LSTM ? 4 : cell == Cell::GRU ? 3 : 1;
+  const int64_t GH = GH_per_H * H;
   for (int64_t r = begin; r < end; ++r) {
-    const T *ac = act + r * GH, *gor = go != nullptr ? go + r * H : nullptr;
-    T *dh = ch + r * H, *di = dgi + r * GH;
-    if (cell == Cell::LSTM) {
-      const T *tc = aux + r * H, *cpr = cp + r * H;
-      T* dcr = cc + r * H;
+    const T* __restrict ac = act + r * GH, * __restrict gor = go + r * H;
+    T* __restrict dh = ch + r * H, * __restrict di = dgi + r * GH;
+    if constexpr (cell == Cell::LSTM) {
+      const T* __restrict tc = aux + r * H, * __restrict cpr = cp + r * H;
+      T* __restrict dcr = cc + r * H;
       for (int64_t j = 0; j < H; ++j) {
-        const T d = dh[j] + (gor != nullptr ? gor[j] : T(0));
+        const T d = dh[j] + gor[j];
         const T i = ac[j], f = ac[H + j], g = ac[2 * H + j], o = ac[3 * H + j], t = tc[j];
         const T dc = dcr[j] + d * o * (1 - t * t);
         di[j] = dc * g * i * (1 - i);
@@ -213,11 +235,11 @@ void gates_backward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* g
         dcr[j] = dc * f;
         dh[j] = 0;
       }
-    } else if (cell == Cell::GRU) {
-      const T *hn = aux + r * H, *hpr = hp + r * H;
-      T* dhh = dgh + r * GH;
+    } else if constexpr (cell == Cell::GRU) {
+      const T* __restrict hn = aux + r * H, * __restrict hpr = hp + r * H;
+      T* __restrict dhh = dgh + r * GH;
       for (int64_t j = 0; j < H; ++j) {
-        const T d = dh[j] + (gor != nullptr ? gor[j] : T(0));
+        const T d = dh[j] + gor[j];
         const T rg = ac[j], z = ac[H + j], n = ac[2 * H + j];
         const T dpn = d * (1 - z) * (1 - n * n);
         const T dpr = dpn * hn[j] * rg * (1 - rg), dpz = d * (hpr[j] - n) * z * (1 - z);
@@ -229,17 +251,12 @@ void gates_backward(Cell cell, int64_t H, int64_t begin, int64_t end, const T* g
       }
     } else {
       for (int64_t j = 0; j < H; ++j) {
-        const T d = dh[j] + (gor != nullptr ? gor[j] : T(0)), y = ac[j];
+        const T d = dh[j] + gor[j], y = ac[j];
         di[j] = cell == Cell::Tanh ? d * (1 - y * y) : (y > 0 ? d : T(0));
         dh[j] = 0;
       }
     }
   }
-}
-
-template <class T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
 }
 
 // Rows [0, n) of an (R, C) contiguous tensor, or those from row `first`.
@@ -276,8 +293,8 @@ RNNLayerResult forward_cpu(Cell cell, const Steps& s, const Tensor& x2d, const T
       bias.add_(b_hh);
   }
   if (b_ih.defined() || b_hh.defined()) gx.add_(bias);
-  const Tensor bhn =
-      cell == Cell::GRU && b_hh.defined() ? b_hh.narrow(0, 2 * H, H).contiguous() : Tensor();
+  const Tensor bhn = cell == Cell::GRU && b_hh.defined() ? b_hh.narrow(0, 2 * H, H).contiguous()
+                                                         : zeros({H}, dtype);
   Tensor h = state_buffer(h0, s, x2d), c = cell == Cell::LSTM ? state_buffer(c0, s, x2d) : Tensor();
   Tensor out = empty({s.N, H}, dtype), gh = empty({s.B, GH}, dtype);
   const Tensor whh_t = w_hh.transpose(0, 1);
@@ -293,11 +310,14 @@ RNNLayerResult forward_cpu(Cell cell, const Steps& s, const Tensor& x2d, const T
       T* paux = ws.aux.defined() ? ws.aux.data<T>() + off * H : nullptr;
       T* pact = ws.act.data<T>() + off * GH;
       T* pout = out.data<T>() + off * H;
+      const T* pbhn = bhn.data<T>();
       parallel_for(
           bs,
           [&](int64_t begin, int64_t end) {
-            gates_forward<T>(cell, H, begin, end, pgx, gh.data<T>(), data_or_null<T>(bhn), php, pcp,
-                             pact, paux, h.data<T>(), c.defined() ? c.data<T>() : nullptr, pout);
+            with_cell(cell, [&]<Cell C>() {
+              gates_forward<C, T>(H, begin, end, pgx, gh.data<T>(), pbhn, php, pcp, pact, paux,
+                                  h.data<T>(), c.defined() ? c.data<T>() : nullptr, pout);
+            });
           },
           row_grain(GH * 8));
     }
@@ -465,7 +485,7 @@ struct RNNLayerBackward final : Node {
     const Tensor w_hh = in_[4].get();
     const int64_t H = s_.H, GH = gate_count(cell_) * H;
     const DType dtype = x.dtype();
-    const Tensor go = go_in.defined() ? go_in.contiguous() : Tensor();
+    const Tensor go = go_in.defined() ? go_in.contiguous() : zeros({s_.N, s_.H}, dtype);
     Tensor ch = gh_n.defined() ? gh_n.contiguous().clone() : zeros({s_.B, H}, dtype);
     Tensor cc;
     if (cell_ == Cell::LSTM)
@@ -475,16 +495,18 @@ struct RNNLayerBackward final : Node {
     dispatch_float(dtype, op(), [&]<class T>() {
       for (int64_t k = s_.T - 1; k >= 0; --k) {
         const int64_t t = s_.at(k), bs = s_.size[t], off = s_.offset[t];
-        const T* pgo = go.defined() ? go.data<T>() + off * H : nullptr;
+        const T* pgo = go.data<T>() + off * H;
         const T* paux = aux.defined() ? aux.data<T>() + off * H : nullptr;
         const T* pcp = cprev.defined() ? cprev.data<T>() + off * H : nullptr;
         parallel_for(
             bs,
             [&](int64_t begin, int64_t end) {
-              gates_backward<T>(cell_, H, begin, end, pgo, act.data<T>() + off * GH, paux,
-                                hprev.data<T>() + off * H, pcp, ch.data<T>(),
-                                cc.defined() ? cc.data<T>() : nullptr, dgi.data<T>() + off * GH,
-                                dgh.data<T>() + off * GH);
+              with_cell(cell_, [&]<Cell C>() {
+                gates_backward<C, T>(H, begin, end, pgo, act.data<T>() + off * GH, paux,
+                                     hprev.data<T>() + off * H, pcp, ch.data<T>(),
+                                     cc.defined() ? cc.data<T>() : nullptr,
+                                     dgi.data<T>() + off * GH, dgh.data<T>() + off * GH);
+              });
             },
             row_grain(GH * 8));
         // dh ← dh + dpre W_hh  (the state read: (bs, G·H) · (G·H, H))
