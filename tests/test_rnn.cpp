@@ -399,8 +399,7 @@ BOOST_AUTO_TEST_CASE(pack_and_pad_round_trip) {
 
 // The gate kernels split across threads above the grain (96 sequences): the gradients of the
 // kernels' backward equal those of the backward in ops (create_graph), for each cell (the RNN
-// cell below its grain), padded and
-// packed, in both directions.
+// cell below its grain), padded and packed, in both directions.
 BOOST_AUTO_TEST_CASE(kernels_match_ops_above_the_grain) {
   const int threads = get_num_threads();
   set_num_threads(2);
