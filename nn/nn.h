@@ -3,6 +3,7 @@
 // pad_sequence.
 #pragma once
 
+#include "nn/attention.h"
 #include "nn/conv.h"
 #include "nn/decoding.h"
 #include "nn/init.h"
