@@ -21,16 +21,17 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "graph/device.h"
 #include "graph/error.h"
+#include "graph/memory_stats.h"
 
 namespace ember {
 
-// What the allocator counts (cuda::MemoryStats, graph/device.h).
+// What the allocator counts (cuda::MemoryStats, graph/memory_stats.h).
 using AllocatorStats = cuda::MemoryStats;
 
 // Backend: void* alloc(size_t bytes) (nullptr when out of memory), void release(void* p), and

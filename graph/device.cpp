@@ -21,7 +21,7 @@
 #include "cuda/reduce.h"
 #include "cuda/rows.h"
 #include "graph/caching_allocator.h"
-#include "graph/device_backend.h"
+#include "graph/device_launch.h"
 #include "graph/error.h"
 
 namespace ember {

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "graph/memory_stats.h"
+
 namespace ember {
 
 enum class DeviceType { CPU, CUDA };
@@ -63,17 +65,10 @@ void synchronize();
 void manual_seed(uint64_t seed);
 uint64_t initial_seed();
 
-// The caching allocator's books for one device (Note [Caching allocator] in
-// graph/caching_allocator.h); an Error without that device. empty_cache() returns every cached
-// block of every device to the driver (torch.cuda.empty_cache); without a device, nothing.
-struct MemoryStats {
-  size_t allocated_bytes = 0;  // in blocks held by tensors now (rounded sizes)
-  size_t reserved_bytes = 0;   // got from the driver and not returned: allocated + cached
-  int64_t driver_allocs = 0;   // cudaMalloc calls that succeeded, since the start
-  int64_t driver_frees = 0;    // blocks returned to the driver (cudaFree)
-  int64_t requests = 0;        // blocks asked of the allocator
-  int64_t cache_hits = 0;      // of them, those a cached block served
-};
+// The caching allocator's books for one device (MemoryStats, graph/memory_stats.h; Note
+// [Caching allocator] in graph/caching_allocator.h); an Error without that device. empty_cache()
+// returns every cached block of every device to the driver (torch.cuda.empty_cache); without a
+// device, nothing.
 MemoryStats memory_stats(int device = 0);
 void empty_cache();
 

@@ -1,5 +1,6 @@
-// Running the CUDA backend's kernels (cuda/kernels.h) on a device: its table of kernels, its
-// stream, and a failed launch as an Error naming the op. Internal: for ops/, not installed.
+// Running the CUDA backend's kernels (cuda/kernels.h) on a device's tensors: the launches
+// (graph/device_launch.h: the device's table of kernels, its stream, and a failed launch as an
+// Error naming the op) and the helpers that hand them tensors. Internal: for ops/, not installed.
 //
 // Note [Host emulation of a GPU]
 // With EMBER_CUDA_EMULATE=1 in its environment (read once, at the first question about
@@ -33,47 +34,9 @@
 #include <string_view>
 #include <vector>
 
-#include "cuda/elementwise.h"
-#include "cuda/gemm.h"
-#include "cuda/index.h"
-#include "cuda/optim.h"
-#include "cuda/random.h"
-#include "cuda/reduce.h"
-#include "cuda/rows.h"
 #include "graph/device.h"
+#include "graph/device_launch.h"
 #include "graph/tensor.h"
-
-namespace ember::cuda::detail {
-
-// True when EMBER_CUDA_EMULATE=1: cuda:0 is the host (Note [Host emulation of a GPU]).
-bool emulated();
-
-// Queues one elementwise kernel (cuda/elementwise.h) on `device`'s stream; an Error naming `op`
-// when the device is unusable or the launch fails.
-void launch_elementwise(const kernels::Elementwise& args, const Device& device,
-                        std::string_view op);
-// Queues one sum (cuda/reduce.h) likewise.
-void launch_sum(const kernels::Reduce& args, const Device& device, std::string_view op);
-// Queues one gather or scatter_add (cuda/index.h) likewise.
-void launch_index(const kernels::IndexAlong& args, const Device& device, std::string_view op);
-// Queues dropout's mask (cuda/random.h), or one optimizer update (cuda/optim.h), likewise.
-void launch_dropout_mask(const kernels::DropoutMask& args, const Device& device,
-                         std::string_view op);
-void launch_optim(const kernels::OptimStep& args, const Device& device, std::string_view op);
-// Queues one row kernel (cuda/rows.h) likewise.
-void launch_rows(const kernels::Rows& args, const Device& device, std::string_view op);
-// The id of `message` (a format with one "{}" for the bad value) among `device`'s checks, and the
-// slot its kernels report into (Note [Checks on the device]).
-int32_t register_check(const Device& device, const std::string& message);
-kernels::DeviceCheck* check_slot(const Device& device);
-
-// Queues one batch of products (cuda/gemm.h) likewise.
-void launch_gemm(const kernels::Gemm& args, const Device& device, std::string_view op);
-// While `into` is set (not null), every launch_gemm of any thread also appends its arguments
-// there: bench/ replays a training step's products alone, to weigh them against the whole step.
-void capture_products(std::vector<kernels::Gemm>* into);
-
-}  // namespace ember::cuda::detail
 
 namespace ember {
 

@@ -11,7 +11,6 @@
 #include "graph/creation.h"
 #include "graph/profile.h"
 #include "ops/common.h"
-#include "ops/index.h"
 
 namespace ember {
 
@@ -216,17 +215,37 @@ Tensor expand(const Tensor& x, Shape shape) {
 
 namespace {
 
-// g placed at `start` along dim of zeros of `shape`, in ops (cat), so that it records under
-// create_graph: the backward of narrow and select as a differentiable op.
-Tensor pad_along(const Tensor& g, int64_t dim, int64_t start, const Shape& shape) {
-  std::vector<Tensor> parts;
-  Shape side = shape;
-  side[dim] = start;
-  if (start > 0) parts.push_back(zeros(side, g.dtype(), g.device()));
-  parts.push_back(g);
-  side[dim] = shape[dim] - start - g.size(dim);
-  if (side[dim] > 0) parts.push_back(zeros(side, g.dtype(), g.device()));
-  return parts.size() == 1 ? g : cat(parts, dim);
+// t[..., start : start + length * step : step, ...] along dim (no autograd; dim wrapped).
+Tensor slice_view(const Tensor& t, int64_t dim, int64_t start, int64_t length, int64_t step) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape[dim] = length;
+  if (length > 1) strides[dim] *= step;  // a size-1 dim's stride is never read
+  return make_view(t, shape, strides, t.storage_offset() + start * t.stride(dim));
+}
+
+// y = zeros of `shape` with x written into [..., start::step, ...] (op slice_backward, the
+// backward of slice, narrow and select under create_graph):  dX = dY[..., start::step, ...]
+struct SliceBackwardBackward final : Node {
+  SliceBackwardBackward(int64_t dim, int64_t start, int64_t step)
+      : dim_(dim), start_(start), step_(step) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    return {slice(grads[0], dim_, start_, start_ + input_shapes[0][dim_] * step_, step_)};
+  }
+  bool differentiable_backward() const override { return true; }
+  int64_t dim_, start_, step_;
+};
+
+// Zeros of `shape` with g written into [..., start::step, ...] along dim (g.size(dim) elements);
+// under grad mode (create_graph) recorded as the op slice_backward of g, so that it
+// differentiates again. The views' backwards are made of it and of views (split's of
+// split_backward, below), never of ops/index.cpp's copies (cat), which are built on views: so
+// this family sits below that one.
+Tensor slice_backward(const Tensor& g, const Shape& shape, int64_t dim, int64_t start,
+                      int64_t step) {
+  Tensor grad_x = zeros(shape, g.dtype(), g.device());
+  copy_into(slice_view(grad_x, dim, start, g.size(dim), step), g);
+  if (!is_grad_enabled()) return grad_x;
+  return record<SliceBackwardBackward>("slice_backward", grad_x, {g}, dim, start, step);
 }
 
 // y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
@@ -234,7 +253,8 @@ struct NarrowBackward final : Node {
   NarrowBackward(int64_t dim, int64_t start) : dim_(dim), start_(start) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    if (is_grad_enabled()) return {pad_along(g, dim_, start_, input_shapes[0])};  // create_graph
+    if (is_grad_enabled())
+      return {slice_backward(g, input_shapes[0], dim_, start_, 1)};  // create_graph
     Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
     copy_into(narrow(grad_x, dim_, start_, g.size(dim_)), g);
     return {grad_x};
@@ -267,7 +287,7 @@ struct SelectBackward final : Node {
   SelectBackward(int64_t dim, int64_t index) : dim_(dim), index_(index) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (is_grad_enabled())  // create_graph
-      return {pad_along(unsqueeze(grads[0], dim_), dim_, index_, input_shapes[0])};
+      return {slice_backward(unsqueeze(grads[0], dim_), input_shapes[0], dim_, index_, 1)};
     Tensor grad_x = zeros(input_shapes[0], grads[0].dtype(), grads[0].device());
     copy_into(select_view(grad_x, dim_, index_), grads[0]);
     return {grad_x};
@@ -276,68 +296,65 @@ struct SelectBackward final : Node {
   int64_t dim_, index_;
 };
 
-// t[..., start : start + length * step : step, ...] along dim (no autograd; dim wrapped).
-Tensor slice_view(const Tensor& t, int64_t dim, int64_t start, int64_t length, int64_t step) {
-  Shape shape = t.shape(), strides = t.strides();
-  shape[dim] = length;
-  if (length > 1) strides[dim] *= step;  // a size-1 dim's stride is never read
-  return make_view(t, shape, strides, t.storage_offset() + start * t.stride(dim));
-}
-
-// y = zeros of `shape` with x written into [..., start::step, ...] (op slice_backward, slice's
-// backward under create_graph):  dX = dY[..., start::step, ...]
-struct SliceBackwardBackward final : Node {
-  SliceBackwardBackward(int64_t dim, int64_t start, int64_t step)
-      : dim_(dim), start_(start), step_(step) {}
+// y = x[..., start::step, ...] (length elements):  dX = zeros with dY written into that slice
+// (under create_graph recorded as op slice_backward)
+struct SliceBackward final : Node {
+  SliceBackward(int64_t dim, int64_t start, int64_t step) : dim_(dim), start_(start), step_(step) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    return {slice(grads[0], dim_, start_, start_ + input_shapes[0][dim_] * step_, step_)};
+    return {slice_backward(grads[0], input_shapes[0], dim_, start_, step_)};
   }
   bool differentiable_backward() const override { return true; }
   int64_t dim_, start_, step_;
 };
 
-// y = x[..., start::step, ...] (length elements):  dX = zeros with dY written into that slice
-struct SliceBackward final : Node {
-  SliceBackward(int64_t dim, int64_t start, int64_t step) : dim_(dim), start_(start), step_(step) {}
+// y = the gradients of some pieces of a split written side by side along dim, zeros where the
+// others lie (op split_backward, split's and chunk's backward under create_graph):
+//   dG_i = dY[..., start_i : start_i + size_i, ...]
+struct SplitBackwardBackward final : Node {
+  SplitBackwardBackward(int64_t dim, std::vector<int64_t> starts, std::vector<int64_t> sizes)
+      : dim_(dim), starts_(std::move(starts)), sizes_(std::move(sizes)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
-    Tensor grad_x = zeros(input_shapes[0], g.dtype(), g.device());
-    copy_into(slice_view(grad_x, dim_, start_, g.size(dim_), step_), g);
-    if (is_grad_enabled())  // create_graph: recorded as op slice_backward
-      return {record<SliceBackwardBackward>("slice_backward", grad_x, {g}, dim_, start_, step_)};
-    return {grad_x};
+    std::vector<Tensor> grad_pieces(next_edges.size());
+    for (size_t i = 0; i < grad_pieces.size(); ++i)
+      if (needs_grad(i))
+        grad_pieces[i] = is_grad_enabled() ? narrow(g, dim_, starts_[i], sizes_[i])  // as an op
+                                           : narrow_view(g, dim_, starts_[i], sizes_[i]);
+    return grad_pieces;
   }
   bool differentiable_backward() const override { return true; }
-  int64_t dim_, start_, step_;
+  int64_t dim_;
+  std::vector<int64_t> starts_, sizes_;
 };
 
 // The pieces of split and chunk, one Node for all (so backward writes their gradients side by
 // side into one tensor): dX = [dY_0, dY_1, ...] along dim, zeros for a piece that got none.
+// Under create_graph recorded as op split_backward of the gradients that came.
 struct SplitBackward final : Node {
   SplitBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Device device = std::find_if(grads.begin(), grads.end(), [](const Tensor& g) {
                             return g.defined();
                           })->device();  // the engine calls a Node with at least one gradient
-    if (is_grad_enabled()) {  // create_graph: the pieces joined by cat, zeros where none came
-      std::vector<Tensor> pieces;
-      for (size_t i = 0; i < sizes_.size(); ++i) {
-        Shape shape = input_shapes[0];
-        shape[dim_] = sizes_[i];
-        pieces.push_back(grads[i].defined() ? grads[i] : zeros(shape, input_dtypes[0], device));
-      }
-      return {cat(pieces, dim_)};
-    }
     const bool all =
         std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); });
     Tensor grad_x = all ? empty(input_shapes[0], input_dtypes[0], device)
                         : zeros(input_shapes[0], input_dtypes[0], device);
+    const bool create_graph = is_grad_enabled();
+    std::vector<Tensor> given;  // create_graph: the gradients that came, and where they lie
+    std::vector<int64_t> starts, sizes;
     int64_t start = 0;
     for (size_t i = 0; i < sizes_.size(); ++i) {
-      if (grads[i].defined()) copy_into(narrow_view(grad_x, dim_, start, sizes_[i]), grads[i]);
+      if (grads[i].defined()) {
+        copy_into(narrow_view(grad_x, dim_, start, sizes_[i]), grads[i]);
+        if (create_graph)
+          given.push_back(grads[i]), starts.push_back(start), sizes.push_back(sizes_[i]);
+      }
       start += sizes_[i];
     }
-    return {grad_x};
+    if (!create_graph) return {grad_x};
+    return {record<SplitBackwardBackward>("split_backward", grad_x, given, dim_, std::move(starts),
+                                          std::move(sizes))};
   }
   bool differentiable_backward() const override { return true; }
   int64_t dim_;

@@ -199,6 +199,38 @@ BOOST_AUTO_TEST_CASE(slice_double_backward) {
   BOOST_TEST(dx.detach().sum().item<double>() == g.detach().sum().item<double>());
 }
 
+// The backwards of narrow, select and split under create_graph are ops of the views' own
+// (slice_backward, split_backward), not cat: checked as functions of the grad_outputs, twice,
+// with a piece of the split that gets no gradient (zeros there).
+BOOST_AUTO_TEST_CASE(view_backwards_double_backward) {
+  manual_seed(29);
+  const Tensor x = leaf({4, 7});
+  const auto narrowed = [x](const std::vector<Tensor>& in) {
+    return autograd::grad({x.narrow(1, 2, 3)}, {x}, in, {}, true)[0];
+  };
+  const auto selected = [x](const std::vector<Tensor>& in) {
+    return autograd::grad({x.select(1, 5)}, {x}, in, {}, true)[0];
+  };
+  const auto split = [x](const std::vector<Tensor>& in) {  // pieces of 3, 3 and 1 columns
+    const std::vector<Tensor> pieces = x.split(3, 1);
+    return autograd::grad({pieces[0], pieces[1]}, {x}, in, {}, true)[0];
+  };
+  const Tensor gn = leaf({4, 3}), gs = leaf({4}), g0 = leaf({4, 3}), g1 = leaf({4, 3});
+  GradcheckResult r = gradgradcheck(narrowed, {gn});
+  BOOST_TEST(r.ok, "narrow: " << r.message);
+  r = gradgradcheck(selected, {gs});
+  BOOST_TEST(r.ok, "select: " << r.message);
+  r = gradgradcheck(split, {g0, g1});
+  BOOST_TEST(r.ok, "split: " << r.message);
+  BOOST_TEST(narrowed({gn}).grad_fn()->name() == "SliceBackwardBackward");
+  BOOST_TEST(selected({gs}).grad_fn()->name() == "SliceBackwardBackward");
+  const Tensor dx = split({g0, g1});
+  BOOST_TEST(dx.grad_fn()->name() == "SplitBackwardBackward");
+  expect_close(dx.detach().narrow(1, 0, 3), g0.detach(), 0, 0, "the first piece");
+  expect_close(dx.detach().narrow(1, 3, 3), g1.detach(), 0, 0, "the second piece");
+  expect_close(dx.detach().narrow(1, 6, 1), zeros({4, 1}, kFloat64), 0, 0, "the third piece");
+}
+
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { ones({2, 3}).view({4, 2}); }, {"view", "[4, 2]", "size 6"});
   expect_error([] { ones({2, 3}).reshape({-1, -1}); }, {"reshape", "-1"});
