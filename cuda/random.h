@@ -2,7 +2,7 @@
 // seed gives the same numbers on any device and thread count. dropout's mask: with n elements
 // and h = n / 2, element i < h keeps when the low 32 bits of counter_bits(key, i) reach the
 // threshold, element h + i by the high 32 bits of the same draw, an odd last element by the low
-// bits of counter_bits(key, h) (Note [Dropout masks] in ops/nn_functional.cpp).
+// bits of counter_bits(key, h) (Note [Dropout masks] in ops/dropout_mask.h).
 #pragma once
 
 #include "cuda/elementwise.h"

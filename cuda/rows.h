@@ -3,8 +3,8 @@
 // the moments of layer_norm), written once as host-and-device code as cuda/elementwise.h. A row
 // is every index of the other ("outer") dims; each operand has its own strides over the outer
 // dims and its own stride along the row. The GPU gives each row a thread (cuda/rows.cu), the
-// emulated device a loop. The formulas follow the CPU kernels (ops/nn_functional.cpp,
-// ops/reduce.cpp), NaN handling included.
+// emulated device a loop. The formulas follow the CPU kernels (ops/softmax.cpp,
+// ops/layer_norm.cpp, ops/reduce.cpp), NaN handling included.
 #pragma once
 
 #include "cuda/elementwise.h"

@@ -1,11 +1,12 @@
 // Helpers shared by the op implementations in ops/*.cpp (internal: included by no public header):
 // the input checks every op starts with, whose messages start with the op's name, the dtype
-// conversions ops make before a kernel, and views made without autograd for kernels and
-// backwards to read or write through.
+// conversions ops make before a kernel, and views and copies made without autograd for kernels
+// and backwards to read or write through.
 #pragma once
 
 #include <string_view>
 
+#include "graph/autograd.h"
 #include "graph/tensor.h"
 
 namespace ember {
@@ -30,6 +31,17 @@ inline void check_same_device(const Tensor& a, const Tensor& b, std::string_view
   EMBER_CHECK(a.device() == b.device(),
               "{}: expected all tensors on one device, got {} and {} (shapes {} and {})", op,
               a.device(), b.device(), a.shape(), b.shape());
+}
+
+// Query, key and value of one floating dtype (scaled_dot_product_attention, head_attention).
+inline void check_attention_dtypes(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   std::string_view op) {
+  check_floating(query, op);
+  check_floating(key, op);
+  check_floating(value, op);
+  EMBER_CHECK(query.dtype() == key.dtype() && key.dtype() == value.dtype(),
+              "{}: query, key and value are {}, {} and {}; convert them to one dtype with to()", op,
+              query.dtype(), key.dtype(), value.dtype());
 }
 
 // The dtype two floating operands compute in (matmul, losses).
@@ -67,6 +79,13 @@ inline Tensor as_type(const Tensor& t, DType dtype) { return t.dtype() == dtype 
 
 // Integral inputs of math functions (exp, log, true division, ...) compute in Float32, as torch.
 inline Tensor as_floating(const Tensor& t) { return is_floating(t.dtype()) ? t : t.to(kFloat32); }
+
+// A contiguous copy (or t itself) for a kernel to read; the copy is data, not part of the graph.
+inline Tensor contiguous_data(const Tensor& t) {
+  if (!t.defined()) return t;
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
 
 // --- views without autograd (dim already wrapped)
 

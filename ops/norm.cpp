@@ -50,13 +50,6 @@ Tensor per_channel(const Tensor& p, int64_t dim) {
   return p.reshape(shape);
 }
 
-// A contiguous copy (or t itself) for a kernel to read; the copy is data, not part of the graph.
-Tensor contiguous_data(const Tensor& t) {
-  if (!t.defined()) return t;
-  NoGradGuard no_grad;
-  return t.contiguous();
-}
-
 template <class T>
 const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;

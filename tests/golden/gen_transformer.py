@@ -191,7 +191,7 @@ def counter_bits(key, counters):
 
 
 class EmberDropout(torch.nn.Module):
-    """Ember's dropout masks (ops/nn_functional.cpp, Note [Dropout masks]) in the original's
+    """Ember's dropout masks (ops/dropout_mask.h, Note [Dropout masks]) in the original's
     model: the key is the generator's next draw; pair j's bits keep element j by their low half
     and element j + n/2 by their high half when the half is at least p * 2^32."""
 
