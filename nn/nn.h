@@ -12,6 +12,7 @@
 #include "nn/norm.h"
 #include "nn/nw_regression.h"
 #include "nn/pooling.h"
+#include "nn/resample.h"
 #include "nn/rnn.h"
 #include "nn/rnn_utils.h"
 #include "nn/serialization.h"

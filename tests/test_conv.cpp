@@ -286,4 +286,29 @@ BOOST_AUTO_TEST_CASE(conv_modules) {
   fails([] { nn::Conv1d(3, 4, {0}); }, "Conv1d: kernel_size must be positive");
 }
 
+// Upsample (torch.nn.Upsample): interpolate with its options, no parameters or buffers, in a
+// Sequential and cloned; a bad mode or align_corners with "nearest" is interpolate's Error at
+// forward, as torch's.
+BOOST_AUTO_TEST_CASE(upsample_module) {
+  manual_seed(10);
+  const Tensor x = randn({2, 3, 4, 5}), s = randn({2, 3, 6});
+  nn::Upsample nearest({8, 10});
+  BOOST_TEST(nearest.named_parameters().empty());
+  BOOST_TEST(nearest.state_dict().empty());
+  expect_close(nearest(x), interpolate(x, {8, 10}), 0, 0, "nearest");
+  nn::Upsample bilinear({7}, "bilinear", true);
+  expect_close(bilinear(x), interpolate(x, {7}, "bilinear", true), 0, 0, "bilinear");
+  expect_close(nn::Upsample({4}, "linear")(s), interpolate(s, {4}, "linear"), 0, 0, "linear");
+  const auto copy = std::dynamic_pointer_cast<nn::Upsample>(bilinear.clone());
+  BOOST_TEST_REQUIRE(copy != nullptr);
+  BOOST_TEST((copy->size == IntList{7} && copy->mode == "bilinear" && copy->align_corners == true));
+  nn::Sequential net(std::make_shared<nn::Conv2d>(3, 2, IntList{3}),
+                     std::make_shared<nn::Upsample>(IntList{4, 6}, "bilinear"));
+  BOOST_TEST((net.forward(x).shape() == Shape{2, 2, 4, 6}));
+  fails([&] { nn::Upsample({8}, "cubic")(x); }, "interpolate: unknown mode \"cubic\"");
+  fails([&] { nn::Upsample({8}, "nearest", false)(x); },
+        "interpolate: align_corners can only be set");
+  fails([&] { nn::Upsample({8}, "linear")(x); }, "interpolate: mode \"linear\" needs a 3-D input");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
