@@ -1,7 +1,9 @@
 // Grapheme-to-phoneme conversion on the CMU Pronouncing Dictionary with the Annotated
-// Transformer (issue 14): spelling in, pronunciation out. The split is fixed by FNV-1a of the
-// word (examples/g2p_task.h); the model is nn::make_model over grapheme and phoneme vocabularies
-// built from the train split; training is the original's recipe (label smoothing, Adam with the
+// Transformer (issue 14) or D2L's Bahdanau attention model (issue 45, --model bahdanau): spelling
+// in, pronunciation out. The split is fixed by FNV-1a of the word (examples/g2p_task.h); the model
+// is nn::make_model, or g2p::Bahdanau (examples/g2p_bahdanau.h: a GRU encoder and a GRU decoder
+// with additive attention over the graphemes), over grapheme and phoneme vocabularies built from
+// the train split; either model's training is the original's recipe (label smoothing, Adam with the
 // Noam rate, here plus gradient clipping) over token-budget batches of similar lengths
 // (data::DataLoader). Every epoch measures dev WER with greedy decoding, keeps the best model and
 // stops when dev WER has not improved for --patience epochs. At the end the best model decodes
@@ -14,6 +16,7 @@
 // bit, as one never stopped (tests/test_g2p.cpp stops one with --max-steps).
 //
 //   g2p --out out/g2p                                  train (the default config)
+//   g2p --model bahdanau --out out/g2p_bahdanau        the same task with D2L's Bahdanau model
 //   g2p --resume out/g2p                               continue a stopped run
 //   g2p --device cuda --out out/g2p_gpu                the same on a GPU (model and batches there)
 //   g2p --load out/g2p --predict hello world           pronounce words with a trained model
@@ -27,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ember.h"
+#include "g2p_bahdanau.h"
 #include "g2p_task.h"
 #include "program.h"
 #include "train/checkpoint.h"
@@ -41,8 +45,10 @@ namespace {
 
 // Defaults: the 3-layer, 256-wide, 4-head transformer of CMU Sphinx's g2p-seq2seq. An epoch is
 // about 260 steps of 4096 tokens, so the Noam warmup is 1000 steps (4 epochs; the original's 4000
-// would be 15).
+// would be 15). --model bahdanau has defaults of its own (kBahdanauDefaults) where --layers,
+// --d-model and --dropout are not given; --d-ff and --heads are the transformer's alone.
 struct Config {
+  std::string model = "transformer";  // or "bahdanau"
   int64_t layers = 3, d_model = 256, d_ff = 1024, heads = 4;
   double dropout = 0.1, smoothing = 0.1, lr_factor = 1.0, clip = 1.0, alpha = 0.6;
   int64_t batch_tokens = 4096, epochs = 32, warmup = 1000, patience = 4, beam = 5;
@@ -64,6 +70,7 @@ struct Config {
 template <class F>
 void config_fields(Config& c, F&& f) {
   f("data", c.data);
+  f("model", c.model);
   f("layers", c.layers);
   f("d_model", c.d_model);
   f("d_ff", c.d_ff);
@@ -86,6 +93,55 @@ void config_fields(Config& c, F&& f) {
 
 Json config_json(const Config& c) {
   return program::config_to_json(c, [](Config& x, auto f) { config_fields(x, f); });
+}
+
+// --model bahdanau's --layers, --d-model and --dropout where not given: D2L's two GRU layers of
+// 256 (the embedding and hidden size) and dropout 0.2.
+struct BahdanauDefaults {
+  int64_t layers = 2, d_model = 256;
+  double dropout = 0.2;
+};
+constexpr BahdanauDefaults kBahdanauDefaults;
+
+// The run's model, the Annotated Transformer or D2L's Bahdanau model, as training, decoding and
+// the attention maps use it.
+struct Model {
+  std::shared_ptr<EncoderDecoder> transformer;
+  std::shared_ptr<g2p::Bahdanau> bahdanau;
+
+  nn::Module& module() const {
+    if (transformer) return *transformer;
+    return *bahdanau;
+  }
+  // Teacher forcing: log-probabilities (B, T, V) of the batch's next phonemes.
+  Tensor log_probs(const nn::Batch& batch) const {
+    if (transformer)
+      return transformer->generator->forward(
+          transformer->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask));
+    return bahdanau->forward(batch.src, g2p::source_lengths(batch.src_mask), batch.tgt)
+        .log_softmax(-1);
+  }
+  // The best hypothesis of each row: greedy when beam is 1, else beam search.
+  std::vector<nn::Hypothesis> decode(const nn::Batch& batch, int64_t max_len, int64_t beam,
+                                     double alpha) const {
+    if (bahdanau)
+      return g2p::bahdanau_search(*bahdanau, batch.src, g2p::source_lengths(batch.src_mask),
+                                  max_len, Vocab::kBos, Vocab::kEos, beam, alpha);
+    return beam == 1 ? nn::greedy_search(*transformer, batch.src, batch.src_mask, max_len,
+                                         Vocab::kBos, Vocab::kEos, alpha)
+                     : nn::beam_search(*transformer, batch.src, batch.src_mask, max_len,
+                                       Vocab::kBos, Vocab::kEos, beam, alpha);
+  }
+};
+
+// A fresh model of kind c.model (dropout as given: 0 to predict).
+Model build_model(const std::string& kind, int64_t graphemes, int64_t phonemes, int64_t layers,
+                  int64_t d_model, int64_t d_ff, int64_t heads, double dropout) {
+  if (kind == "bahdanau")
+    return {nullptr,
+            std::make_shared<g2p::Bahdanau>(graphemes, phonemes, d_model, layers, dropout)};
+  EMBER_CHECK(kind == "transformer", "g2p: unknown model '{}'", kind);
+  return {nn::make_model(graphemes, phonemes, layers, d_model, d_ff, heads, dropout), nullptr};
 }
 
 double seconds_since(Clock::time_point start) {
@@ -114,20 +170,17 @@ EvalSet eval_set(const std::vector<g2p::Entry>& entries, const Vocab& graphemes,
 
 // Decodes every example of dataset (greedy when beam is 1), batch by batch in length order; the
 // bound is the batch's longest word + 5 phonemes. Returns phoneme ids per example, without </s>.
-std::vector<std::vector<int64_t>> decode_all(EncoderDecoder& model,
+std::vector<std::vector<int64_t>> decode_all(const Model& model,
                                              std::shared_ptr<const data::ExampleDataset> dataset,
                                              const Config& c, int64_t beam) {
-  model.eval();
+  model.module().eval();
   const Device device(c.device);
   const data::DataLoader loader(dataset, {.batch_tokens = c.batch_tokens, .shuffle = false});
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(dataset->size()));
   for (const auto& indices : loader.plan(0)) {
     const nn::Batch batch = loader.collate(indices).to(device);
     const int64_t max_len = batch.src.size(1) + 6;
-    const auto hyps = beam == 1 ? nn::greedy_search(model, batch.src, batch.src_mask, max_len,
-                                                    Vocab::kBos, Vocab::kEos, c.alpha)
-                                : nn::beam_search(model, batch.src, batch.src_mask, max_len,
-                                                  Vocab::kBos, Vocab::kEos, beam, c.alpha);
+    const auto hyps = model.decode(batch, max_len, beam, c.alpha);
     for (size_t i = 0; i < indices.size(); ++i) {
       std::vector<int64_t> tokens = hyps[i].tokens;
       if (!tokens.empty() && tokens.back() == Vocab::kEos) tokens.pop_back();
@@ -147,7 +200,7 @@ struct Evaluation {
   g2p::ErrorRates rates;
   std::vector<std::vector<int64_t>> predictions;
 };
-Evaluation evaluate(EncoderDecoder& model, const EvalSet& set, const Config& c, int64_t beam) {
+Evaluation evaluate(const Model& model, const EvalSet& set, const Config& c, int64_t beam) {
   Evaluation e;
   e.predictions = decode_all(model, set.dataset, c, beam);
   e.rates = score(set, e.predictions);
@@ -157,6 +210,7 @@ Evaluation evaluate(EncoderDecoder& model, const EvalSet& set, const Config& c, 
 std::map<std::string, std::string> model_metadata(const Config& c, const Vocab& graphemes,
                                                   const Vocab& phonemes) {
   return {{"format", "pt"},
+          {"model", c.model},
           {"layers", std::to_string(c.layers)},
           {"d_model", std::to_string(c.d_model)},
           {"d_ff", std::to_string(c.d_ff)},
@@ -165,7 +219,7 @@ std::map<std::string, std::string> model_metadata(const Config& c, const Vocab& 
           {"phonemes", phonemes.to_text()}};
 }
 
-void save_model(const std::string& dir, const EncoderDecoder& model, const Config& c,
+void save_model(const std::string& dir, const nn::Module& model, const Config& c,
                 const Vocab& graphemes, const Vocab& phonemes) {
   nn::write_safetensors(dir + "/model.safetensors", model.state_dict(),
                         model_metadata(c, graphemes, phonemes));
@@ -173,27 +227,38 @@ void save_model(const std::string& dir, const EncoderDecoder& model, const Confi
   phonemes.save(dir + "/phonemes.txt");
 }
 
-// Source-attention maps of the last decoder layer (heads side by side, phonemes x graphemes)
-// for the first `count` test words, teacher-forced with their predictions: attn_src_<n>.svg.
-void draw_attention(EncoderDecoder& model, const EvalSet& test,
+// Source-attention maps (phonemes x graphemes) for the first `count` test words, teacher-forced
+// with their predictions: attn_src_<n>.svg. The transformer's are its last decoder layer's, heads
+// side by side; the Bahdanau model's are its additive attention's, one map as D2L draws them.
+void draw_attention(const Model& m, const EvalSet& test,
                     const std::vector<std::vector<int64_t>>& predictions, const Vocab& phonemes,
                     const std::string& out, size_t count, const Device& device) {
   NoGradGuard no_grad;
-  model.eval();
+  m.module().eval();
   for (size_t i = 0; i < std::min(count, test.words.size()); ++i) {
     const data::Example e = test.dataset->get(static_cast<int64_t>(i));
     std::vector<int64_t> tgt{Vocab::kBos};
     tgt.insert(tgt.end(), predictions[i].begin(), predictions[i].end());
     const auto S = static_cast<int64_t>(e.src.size()), T = static_cast<int64_t>(tgt.size());
+    const std::string path = fmt::format("{}/attn_src_{}.svg", out, i + 1);
+    const std::string ylabel =
+        fmt::format("phoneme ({})", fmt::join(phonemes.decode(predictions[i]), " "));
+    if (m.bahdanau) {
+      m.bahdanau->forward(from_vector(e.src, {1, S}, device), from_vector(std::vector{S}, {1}),
+                          from_vector(tgt, {1, T}, device));
+      // (1, T, S) -> (1, 1, T, S): one map
+      viz::show_heatmaps(m.bahdanau->decoder->attention_weights.cpu().unsqueeze(0), path,
+                         "grapheme", ylabel, {test.words[i]});
+      continue;
+    }
+    EncoderDecoder& model = *m.transformer;
     model.forward(from_vector(e.src, {1, S}, device), from_vector(tgt, {1, T}, device),
                   ones({1, 1, S}, kBool, device), nn::subsequent_mask(T).to(device));
     const auto& layer = model.decoder->layer(model.decoder->layers->size() - 1);
     std::vector<std::string> titles;
     for (int64_t h = 0; h < layer.src_attn->h; ++h)
       titles.push_back(fmt::format("{} head {}", test.words[i], h + 1));
-    viz::show_heatmaps(
-        layer.src_attn->attn.cpu(), fmt::format("{}/attn_src_{}.svg", out, i + 1), "grapheme",
-        fmt::format("phoneme ({})", fmt::join(phonemes.decode(predictions[i]), " ")), titles);
+    viz::show_heatmaps(layer.src_attn->attn.cpu(), path, "grapheme", ylabel, titles);
   }
 }
 
@@ -203,10 +268,13 @@ int predict(const std::string& dir, std::vector<std::string> words, const Config
   const auto meta = [&](const char* key) { return std::stoll(file.metadata.at(key)); };
   const Vocab graphemes = Vocab::load(dir + "/graphemes.txt");
   const Vocab phonemes = Vocab::load(dir + "/phonemes.txt");
-  auto model = nn::make_model(graphemes.size(), phonemes.size(), meta("layers"), meta("d_model"),
-                              meta("d_ff"), meta("heads"), 0.0);
-  nn::load(*model, dir + "/model.safetensors");
-  model->to(program::device_of(c.device));
+  // The model kind is the saved run's (a model saved before there were two is a transformer).
+  const auto kind = file.metadata.find("model");
+  const Model model = build_model(kind == file.metadata.end() ? "transformer" : kind->second,
+                                  graphemes.size(), phonemes.size(), meta("layers"),
+                                  meta("d_model"), meta("d_ff"), meta("heads"), 0.0);
+  nn::load(model.module(), dir + "/model.safetensors");
+  model.module().to(program::device_of(c.device));
   if (words.empty())
     for (std::string line; std::getline(std::cin, line);) words.push_back(line);
   std::vector<data::Example> examples;
@@ -222,7 +290,7 @@ int predict(const std::string& dir, std::vector<std::string> words, const Config
     examples.push_back({graphemes.encode(g2p::graphemes(w)), {}});
   }
   const auto dataset = std::make_shared<data::ExampleDataset>(std::move(examples));
-  const auto predictions = decode_all(*model, dataset, c, c.beam);
+  const auto predictions = decode_all(model, dataset, c, c.beam);
   for (size_t i = 0; i < words.size(); ++i)
     fmt::print("{}\t{}\n", words[i], fmt::join(phonemes.decode(predictions[i]), " "));
   return 0;
@@ -343,28 +411,31 @@ class Trainer {
         out_(std::move(out)),
         model_(make_model(c, task)),
         criterion_(task.phonemes.size(), Vocab::kPad, c.smoothing),
-        optimizer_(model_->parameters(), {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9}),
+        optimizer_(model_.module().parameters(),
+                   {.lr = 1.0, .beta1 = 0.9, .beta2 = 0.98, .eps = 1e-9}),
         scheduler_(optimizer_, [d = c.d_model, f = c.lr_factor,
                                 w = c.warmup](int64_t step) { return optim::rate(step, d, f, w); }),
-        guard_(c.on_nonfinite, model_->parameters()),
+        guard_(c.on_nonfinite, model_.module().parameters()),
         loader_(task.train, {.batch_tokens = c.batch_tokens, .seed = c.seed}) {}
 
-  EncoderDecoder& model() { return *model_; }
+  const Model& model() const { return model_; }
   Progress progress;
 
   std::string checkpoint_path() const { return out_ + "/checkpoint.safetensors"; }
   void checkpoint() {
-    save_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_, progress.counters());
+    save_checkpoint(checkpoint_path(), model_.module(), optimizer_, &scheduler_,
+                    progress.counters());
   }
   void resume() {
-    progress = Progress::from(load_checkpoint(checkpoint_path(), *model_, optimizer_, &scheduler_),
-                              checkpoint_path());
+    progress =
+        Progress::from(load_checkpoint(checkpoint_path(), model_.module(), optimizer_, &scheduler_),
+                       checkpoint_path());
   }
 
   // Trains the rest of epoch progress.epoch. False when --max-steps stopped it first (after
   // saving a checkpoint).
   bool train_epoch() {
-    model_->train();
+    model_.module().train();
     const auto plan = loader_.plan(progress.epoch);
     auto& p = progress;
     while (static_cast<size_t>(p.step) < plan.size()) {
@@ -374,8 +445,7 @@ class Trainer {
       }
       const auto step_start = Clock::now();
       const nn::Batch batch = loader_.collate(plan[static_cast<size_t>(p.step)]).to(device_);
-      const Tensor out = model_->forward(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask);
-      const Tensor logits = model_->generator->forward(out);
+      const Tensor logits = model_.log_probs(batch);
       const Tensor loss = criterion_(logits.contiguous().view({-1, logits.size(-1)}),
                                      batch.tgt_y.contiguous().view({-1})) /
                           static_cast<double>(batch.ntokens);
@@ -384,7 +454,7 @@ class Trainer {
       if (guard_.loss_ok(summed, where)) {
         loss.backward();
         if (guard_.gradients_ok(where)) {
-          optim::clip_grad_norm_(model_->parameters(), c_.clip);
+          optim::clip_grad_norm_(model_.module().parameters(), c_.clip);
           optimizer_.step();
           scheduler_.step();
           p.epoch_loss += summed;
@@ -416,7 +486,7 @@ class Trainer {
     guard_.check_parameters(fmt::format("after epoch {}", p.epoch + 1));
     const double loss = p.epoch_loss / static_cast<double>(std::max<int64_t>(p.epoch_tokens, 1));
     guard_.check_loss(p.epoch_tokens > 0 ? loss : NAN, fmt::format("epoch {}'s loss", p.epoch + 1));
-    const g2p::ErrorRates rates = evaluate(*model_, task_.dev, c_, 1).rates;
+    const g2p::ErrorRates rates = evaluate(model_, task_.dev, c_, 1).rates;
     const double wer = rates.wer();
     // Better: a lower dev WER, or the same and a lower PER.
     const bool better = std::pair(wer, rates.per()) < std::pair(p.best_wer, p.best_per);
@@ -440,7 +510,7 @@ class Trainer {
       p.best_wer = wer;
       p.best_per = rates.per();
       p.best_epoch = p.epoch;
-      save_model(out_, *model_, c_, task_.graphemes, task_.phonemes);
+      save_model(out_, model_.module(), c_, task_.graphemes, task_.phonemes);
     } else if (p.epoch - p.best_epoch >= c_.patience) {
       fmt::print("dev WER has not improved for {} epochs: stopping\n", c_.patience);
       p.stopped = true;
@@ -461,10 +531,10 @@ class Trainer {
  private:
   // The model, initialised on the host (the same weights for any --device) and moved to the
   // run's device before the optimizer sees its parameters.
-  static std::shared_ptr<EncoderDecoder> make_model(const Config& c, const Task& task) {
-    auto model = nn::make_model(task.graphemes.size(), task.phonemes.size(), c.layers, c.d_model,
-                                c.d_ff, c.heads, c.dropout);
-    model->to(Device(c.device));
+  static Model make_model(const Config& c, const Task& task) {
+    Model model = build_model(c.model, task.graphemes.size(), task.phonemes.size(), c.layers,
+                              c.d_model, c.d_ff, c.heads, c.dropout);
+    model.module().to(Device(c.device));
     return model;
   }
 
@@ -472,7 +542,7 @@ class Trainer {
   const Task& task_;
   Device device_{c_.device};
   std::string out_;
-  std::shared_ptr<EncoderDecoder> model_;
+  Model model_;
   nn::LabelSmoothing criterion_;
   optim::Adam optimizer_;
   optim::LambdaLR scheduler_;
@@ -486,11 +556,11 @@ class Trainer {
 void test_and_report(Trainer& trainer, const Task& task, const Config& c, const std::string& out,
                      double run_seconds) {
   const Progress& p = trainer.progress;
-  EncoderDecoder& model = trainer.model();
+  const Model& model = trainer.model();
   if (p.best_epoch > 0)
-    nn::load(model, out + "/model.safetensors");
+    nn::load(model.module(), out + "/model.safetensors");
   else
-    save_model(out, model, c, task.graphemes, task.phonemes);
+    save_model(out, model.module(), c, task.graphemes, task.phonemes);
   const Evaluation greedy = evaluate(model, task.test, c, 1),
                    beam = evaluate(model, task.test, c, c.beam);
   const double dev_beam_wer = evaluate(model, task.dev, c, c.beam).rates.wer();
@@ -571,6 +641,13 @@ int train(const Config& c, const std::string& out, bool resume) {
 // with the attention scores of 64-token rows).
 double training_bytes(const Config& c) {
   const double N = c.layers, D = c.d_model, F = c.d_ff;
+  if (c.model == "bahdanau") {
+    // Two GRU stacks, the attention's three maps and the decoder's wider input; per target token
+    // and layer the gates and states, and the attention's tanh features over up to 32 graphemes.
+    const double parameters = N * 12 * D * D + 6 * D * D + 200 * D;
+    const double per_token = N * 40 * D + 3 * 32 * D;
+    return 4 * (5 * parameters + per_token * static_cast<double>(c.batch_tokens));
+  }
   const double parameters = N * (12 * D * D + 4 * D * F) + 200 * D;
   const double per_token = N * (40 * D + 6 * F + 3 * c.heads * 64);
   return 4 * (5 * parameters + per_token * static_cast<double>(c.batch_tokens));
@@ -582,16 +659,25 @@ int main(int argc, char** argv) {
   Config c;
   std::string out = "out/g2p", load, resume;
   std::vector<std::string> words;
-  CLI::App app{"Grapheme-to-phoneme on CMUdict with the Annotated Transformer"};
+  CLI::App app{
+      "Grapheme-to-phoneme on CMUdict with the Annotated Transformer or D2L's Bahdanau model"};
   const CLI::Validator positive = program::count(1), count = program::count(0);
   // The options that set what a run computes: --resume takes them from the run's run.json.
   const std::vector<CLI::Option*> run_options = {
       app.add_option("--data", c.data, "CMUdict file (Debian's pocketsphinx-en-us by default)"),
-      app.add_option("--layers", c.layers, "encoder and decoder layers (N)")->check(positive),
-      app.add_option("--d-model", c.d_model, "model width")->check(positive),
-      app.add_option("--d-ff", c.d_ff, "feed-forward width")->check(positive),
-      app.add_option("--heads", c.heads, "attention heads (h)")->check(positive),
-      app.add_option("--dropout", c.dropout, "dropout probability")
+      app.add_option("--model", c.model,
+                     "transformer (the Annotated Transformer) or bahdanau (D2L's GRU "
+                     "encoder-decoder with additive attention)")
+          ->check(CLI::IsMember({"transformer", "bahdanau"})),
+      app.add_option("--layers", c.layers,
+                     "encoder and decoder layers (N; bahdanau: GRU layers, default 2)")
+          ->check(positive),
+      app.add_option("--d-model", c.d_model,
+                     "model width (bahdanau: the embedding and hidden size, default 256)")
+          ->check(positive),
+      app.add_option("--d-ff", c.d_ff, "feed-forward width (transformer)")->check(positive),
+      app.add_option("--heads", c.heads, "attention heads (h; transformer)")->check(positive),
+      app.add_option("--dropout", c.dropout, "dropout probability (bahdanau: default 0.2)")
           ->check(program::finite_in(0, 0.99)),
       app.add_option("--smoothing", c.smoothing, "label smoothing")
           ->check(program::finite_in(0, 0.99)),
@@ -638,7 +724,17 @@ int main(int argc, char** argv) {
           epochs->count() > 0 ? "epochs" : "");
       out = resume;
     }
-    if (c.d_model % c.heads != 0)
+    if (resume.empty() && c.model == "bahdanau") {
+      // --model bahdanau's defaults where no flag sets them; --d-ff and --heads have no meaning
+      const auto given = [&](const char* flag) { return app.get_option(flag)->count() > 0; };
+      for (const char* flag : {"--d-ff", "--heads"})
+        if (given(flag))
+          throw CLI::ValidationError(flag, "sets the transformer's size: not for --model bahdanau");
+      if (!given("--layers")) c.layers = kBahdanauDefaults.layers;
+      if (!given("--d-model")) c.d_model = kBahdanauDefaults.d_model;
+      if (!given("--dropout")) c.dropout = kBahdanauDefaults.dropout;
+    }
+    if (c.model == "transformer" && c.d_model % c.heads != 0)
       throw CLI::ValidationError(
           "--d-model", fmt::format("{} is not a multiple of --heads {}", c.d_model, c.heads));
     set_num_threads(c.threads);

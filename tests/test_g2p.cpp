@@ -1,7 +1,10 @@
 // The grapheme-to-phoneme task's pieces (examples/g2p_task.h): FNV-1a and the fixed split, the
 // CMUdict reader on the real dictionary (skipped when pocketsphinx-en-us is not installed; make
 // deps installs it) and its errors, WER and PER, and a short run of examples/g2p: training on
-// a slice (the loss falls), the metrics file, predictions, and the --load --predict mode.
+// a slice (the loss falls), the metrics file, predictions, and the --load --predict mode. The
+// Bahdanau model (examples/g2p_bahdanau.h): its decoding against teacher forcing, a word decoded
+// alike in any batch, and `g2p --model bahdanau` trained, resumed bit for bit, loaded, and its
+// defaults and bad flags.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "examples/g2p_bahdanau.h"
 #include "examples/g2p_task.h"
 #include "helpers.h"
 
@@ -104,6 +108,52 @@ BOOST_AUTO_TEST_CASE(wer_and_per_against_every_reference) {
   rates.add({5, 6}, {{5, 6, 8, 9}, {5, 7}});     // closest is {5, 7}: 1 edit of 2
   BOOST_TEST(rates.wer() == 0.5);
   BOOST_TEST(rates.per() == 1.0 / 5.0);
+}
+
+// Greedy decoding (beam 1) picks at every step the most likely phoneme of the teacher-forced
+// model fed its own prefix; a word decodes the same alone as in a padded batch (the encoder packs
+// the sources); wider beams score at least as high as greedy.
+BOOST_AUTO_TEST_CASE(bahdanau_decoding) {
+  manual_seed(11);
+  g2p::Bahdanau model(9, 7, 16, 2, 0.0);
+  model.eval();
+  const Tensor src =
+      from_vector(std::vector<int64_t>{4, 5, 6, 7, 8, 5, 4, 0, 0, 0, 6, 6, 6, 6, 6}, {3, 5});
+  const Tensor lens = from_vector(std::vector<int64_t>{5, 2, 5}, {3});
+  const auto greedy = g2p::bahdanau_search(model, src, lens, 8, 1, 2, 1, 0.6);
+  BOOST_TEST_REQUIRE(greedy.size() == 3u);
+  for (int64_t b = 0; b < 3; ++b) {
+    const auto& tokens = greedy[static_cast<size_t>(b)].tokens;
+    BOOST_TEST_REQUIRE(!tokens.empty());
+    BOOST_TEST(tokens.size() <= 7u);  // max_len - 1
+    std::vector<int64_t> in{1};
+    in.insert(in.end(), tokens.begin(), tokens.end() - 1);
+    const auto T = static_cast<int64_t>(in.size());
+    const int64_t S = lens.to_vector<int64_t>()[static_cast<size_t>(b)];
+    NoGradGuard no_grad;
+    const Tensor logits =
+        model.forward(src.narrow(0, b, 1).narrow(1, 0, S),
+                      from_vector(std::vector<int64_t>{S}, {1}), from_vector(in, {1, T}));
+    BOOST_TEST((logits.argmax(-1).reshape({-1}).to_vector<int64_t>() == tokens), "row " << b);
+    BOOST_TEST((model.decoder->attention_weights.shape() == Shape{1, T, S}));
+    // alone, unpadded: the same hypothesis and score
+    const auto alone =
+        g2p::bahdanau_search(model, src.narrow(0, b, 1).narrow(1, 0, S),
+                             from_vector(std::vector<int64_t>{S}, {1}), 8, 1, 2, 1, 0.6);
+    BOOST_TEST((alone[0].tokens == tokens), "row " << b);
+    BOOST_TEST(alone[0].score == greedy[static_cast<size_t>(b)].score,
+               boost::test_tools::tolerance(1e-5));
+  }
+  const auto beam = g2p::bahdanau_search(model, src, lens, 8, 1, 2, 4, 0.6);
+  for (size_t b = 0; b < 3; ++b) BOOST_TEST(beam[b].score >= greedy[b].score - 1e-6);
+  // d2l's parameter names: a state dict of its torch model loads one to one
+  const auto names = model.state_dict();
+  BOOST_TEST(names.front().first == "encoder.embedding.weight");
+  BOOST_TEST(names[names.size() - 2].first == "decoder.dense.weight");
+  BOOST_TEST(std::any_of(names.begin(), names.end(),
+                         [](const auto& n) { return n.first == "decoder.attention.W_q.weight"; }));
+  BOOST_TEST(std::any_of(names.begin(), names.end(),
+                         [](const auto& n) { return n.first == "decoder.rnn.weight_ih_l1"; }));
 }
 
 #ifdef EMBER_G2P
@@ -253,6 +303,63 @@ BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
     for (size_t i = 0; i < wer.size(); ++i)  // a word or two may decode apart
       BOOST_TEST(std::abs(wer[i] - cpu_wer[i]) <= 0.05, run << " dev WER " << i);
   }
+}
+
+// --model bahdanau: a run stopped by --max-steps and resumed ends as the same run never stopped
+// (losses, WERs, model bytes, predictions); --load reads the model kind from the saved run;
+// --layers, --d-model and --dropout default to D2L's sizes; the transformer's flags are refused.
+BOOST_AUTO_TEST_CASE(bahdanau_trains_resumes_and_predicts) {
+  if (ShortRuns::dictionary_absent()) return;
+  const ShortRuns runs("bahdanau");
+  const std::filesystem::path& dir = runs.dir;
+  const std::string config =
+      "--model bahdanau --limit 1500 --eval-limit 50 --epochs 2 --layers 1 --d-model 32 "
+      "--batch-tokens 1000 --warmup 50 --beam 2 --threads 1";
+  const std::string a = runs.path("a"), b = runs.path("b");
+  const auto expect_ok = [&](const std::string& args) { runs.expect_ok(args); };
+  expect_ok(fmt::format("{} --out '{}'", config, a));
+  expect_ok(fmt::format("{} --out '{}' --max-steps 9 --checkpoint-every 4", config, b));
+  BOOST_TEST(!std::filesystem::exists(dir / "b/metrics.json"));
+  expect_ok(fmt::format("--resume '{}' --threads 1", b));
+  const auto ma = nlohmann::json::parse(read_text(dir / "a/metrics.json"));
+  const auto mb = nlohmann::json::parse(read_text(dir / "b/metrics.json"));
+  BOOST_TEST(ma.at("config").at("model") == "bahdanau");
+  const auto loss = ma.at("train_loss").get<std::vector<double>>();
+  BOOST_TEST_REQUIRE(loss.size() == 2u);
+  BOOST_TEST(loss.back() < loss.front());
+  for (const char* key : {"train_loss", "dev_wer", "test_wer", "test_per", "test_wer_beam"})
+    BOOST_TEST(ma.at(key) == mb.at(key), key << ": " << ma.at(key) << " vs " << mb.at(key));
+  BOOST_TEST(read_text(dir / "a/model.safetensors") == read_text(dir / "b/model.safetensors"));
+  BOOST_TEST(read_text(dir / "a/predictions.tsv") == read_text(dir / "b/predictions.tsv"));
+  for (const char* file : {"attn_src_1.svg", "loss.svg", "graphemes.txt", "phonemes.txt"})
+    BOOST_TEST(std::filesystem::exists(dir / "a" / file), file);
+  BOOST_TEST(read_text(dir / "a/attn_src_1.svg").find("<svg") != std::string::npos);
+  expect_ok(fmt::format("--load '{}' --predict hello world", a));
+  const std::string said = read_text(dir / "stdout");
+  BOOST_TEST(said.starts_with("hello\t"));
+  BOOST_TEST(std::count(said.begin(), said.end(), '\n') == 2);
+  // A changed model on --resume is a usage error
+  BOOST_TEST(run_g2p(fmt::format("--resume '{}' --model transformer", b), dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--model \"transformer\" differs") !=
+             std::string::npos);
+
+  // D2L's sizes where not given (no training: --epochs 0 decodes with the initial model)
+  const std::string d = runs.path("defaults");
+  expect_ok(
+      fmt::format("--model bahdanau --limit 100 --eval-limit 5 --epochs 0 --threads 1 "
+                  "--out '{}'",
+                  d));
+  const auto run = nlohmann::json::parse(read_text(dir / "defaults/run.json"));
+  BOOST_TEST(run.at("layers") == 2);
+  BOOST_TEST(run.at("d_model") == 256);
+  BOOST_TEST(run.at("dropout") == 0.2);
+  // bad flags
+  BOOST_TEST(run_g2p("--model bahdanau --heads 2", dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--heads") != std::string::npos);
+  BOOST_TEST(run_g2p("--model bahdanau --d-ff 64", dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("not for --model bahdanau") != std::string::npos);
+  BOOST_TEST(run_g2p("--model lstm", dir) == 2);
+  BOOST_TEST(read_text(dir / "stderr").find("--model") != std::string::npos);
 }
 #endif
 
