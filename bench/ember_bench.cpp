@@ -403,6 +403,7 @@ int main(int argc, char** argv) {
   add_op_workloads();
   add_nw_workloads();
   add_grain_workloads();
+  add_conv_workloads();
 
   if (o.paired && !o.list && !o.smoke) return run_paired(o);
   nlohmann::json results = nlohmann::json::array();

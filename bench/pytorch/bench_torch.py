@@ -220,6 +220,75 @@ for _m, _k, _n in [(80, 64, 64), (200, 64, 64), (800, 64, 64), (800, 64, 256), (
     grain_sgemm(_m, _k, _n)
 
 
+# --- The convolution layers of examples/fashion_mnist at batch 128 (bench/conv_shapes.h):
+# forward alone and forward + backward (input, weight and bias gradients), in NCHW as Ember's
+# conv/ rows, and the same in channels_last ("... channels_last"), where PyTorch's oneDNN path
+# keeps its blocked/NHWC layout between layers.
+
+CONV_BATCH = 128
+CONV_SHAPES = [  # model, layer, C_in, C_out, kernel, stride, size, bias
+    ("cnn", "conv1", 1, 32, 3, 1, 28, True),
+    ("cnn", "conv2", 32, 32, 3, 1, 28, True),
+    ("cnn", "conv3", 32, 64, 3, 1, 14, True),
+    ("cnn", "conv4", 64, 64, 3, 1, 14, True),
+    ("resnet", "stem", 1, 16, 3, 1, 28, False),
+    ("resnet", "stage1", 16, 16, 3, 1, 28, False),
+    ("resnet", "stage2.conv1", 16, 32, 3, 2, 28, False),
+    ("resnet", "stage2.proj", 16, 32, 1, 2, 28, False),
+    ("resnet", "stage2", 32, 32, 3, 1, 14, False),
+    ("resnet", "stage3.conv1", 32, 64, 3, 2, 14, False),
+    ("resnet", "stage3.proj", 32, 64, 1, 2, 14, False),
+    ("resnet", "stage3", 64, 64, 3, 1, 7, False),
+]
+
+
+def conv_layer(model, layer, c_in, c_out, k, stride, size, bias):
+    pad = k // 2
+    out = (size + 2 * pad - k) // stride + 1
+    flops = 2.0 * CONV_BATCH * c_out * out * out * c_in * k * k
+    name = f"{model} {layer} {c_in}->{c_out} {k}x{k}{'' if stride == 1 else f' s{stride}'} " \
+           f"{size}x{size}"
+
+    def tensors(tiny, channels_last):
+        n, s = (2, 5) if tiny else (CONV_BATCH, size)
+        v = [torch.rand(n, c_in, s, s) * 2 - 1, (torch.rand(c_out, c_in, k, k) * 2 - 1) * 0.1]
+        if channels_last:
+            v = [t.contiguous(memory_format=torch.channels_last) for t in v]
+        if bias:
+            v.append(torch.rand(c_out) * 0.1)
+        return v
+
+    def conv(v):
+        return nn.functional.conv2d(v[0], v[1], v[2] if bias else None, stride, pad)
+
+    for suffix, channels_last in (("", False), (" channels_last", True)):
+        @workload(f"conv/{name} forward{suffix}", flops)
+        def _(tiny, channels_last=channels_last):
+            v = tensors(tiny, channels_last)
+
+            def step():
+                with torch.no_grad():
+                    conv(v)
+            return step
+
+        @workload(f"conv/{name} fwd+bwd{suffix}", 3 * flops)
+        def _(tiny, channels_last=channels_last):
+            v = [t.requires_grad_() for t in tensors(tiny, channels_last)]
+            grad_out = torch.rand(conv(v).shape)
+            if channels_last:
+                grad_out = grad_out.contiguous(memory_format=torch.channels_last)
+
+            def step():
+                conv(v).backward(grad_out)
+                for t in v:
+                    t.grad = None
+            return step
+
+
+for _c in CONV_SHAPES:
+    conv_layer(*_c)
+
+
 # --- D2L 11.2 parametric attention pooling: one epoch of training
 
 class NWKernelRegression(nn.Module):
