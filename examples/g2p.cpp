@@ -742,10 +742,12 @@ int main(int argc, char** argv) {
     (void)program::device_of(c.device);  // one line, before any work, when it is not usable
     manual_seed(c.seed);
     if (!load.empty()) return predict(load, words, c);
-    program::check_memory(training_bytes(c),
-                          fmt::format("training with --layers {} --d-model {} --d-ff {} "
-                                      "--batch-tokens {}",
-                                      c.layers, c.d_model, c.d_ff, c.batch_tokens));
+    program::check_memory(
+        training_bytes(c),
+        fmt::format("training --model {} with --layers {} --d-model {}{} --batch-tokens {}",
+                    c.model, c.layers, c.d_model,
+                    c.model == "transformer" ? fmt::format(" --d-ff {}", c.d_ff) : "",
+                    c.batch_tokens));
     if (resume.empty())
       program::prepare_out_dir(out, {"model.safetensors", "metrics.json", "loss.svg",
                                      "predictions.tsv", "checkpoint.safetensors", "run.json"});

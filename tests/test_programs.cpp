@@ -149,6 +149,16 @@ BOOST_AUTO_TEST_CASE(bad_numbers_and_sizes) {
   cases.push_back({t, "--layers 100000000 " + out, "memory"});
   cases.push_back({t, "--d-model 30 --heads 4 " + out, "multiple"});
   cases.push_back({t, "--epochs -1 " + out, "--epochs"});
+#ifdef EMBER_G2P
+  // g2p --model bahdanau: its flags are refused before the dictionary is read
+  const std::string g = "g2p";
+  cases.push_back({g, "--model lstm " + out, "--model"});
+  cases.push_back({g, "--model bahdanau --heads 2 " + out, "not for --model bahdanau"});
+  cases.push_back({g, "--model bahdanau --d-ff 64 " + out, "not for --model bahdanau"});
+  cases.push_back({g, "--model bahdanau --dropout 1 " + out, "--dropout"});
+  cases.push_back({g, "--model bahdanau --d-model 1000000 " + out, "memory"});
+  cases.push_back({g, "--model bahdanau --layers 100000000 " + out, "memory"});
+#endif
   cases.push_back({"nw_regression", "--n-train 100000 " + out, "memory"});
   cases.push_back({"nw_regression", "--n-train 1 " + out, "--n-train"});
   expect_failures(s, cases);
