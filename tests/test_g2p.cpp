@@ -322,7 +322,8 @@ BOOST_AUTO_TEST_CASE(trains_and_resumes_on_a_device) {
 }
 
 // --model bahdanau: a run stopped by --max-steps and resumed ends as the same run never stopped
-// (losses, WERs, model bytes, predictions); --load reads the model kind from the saved run;
+// (losses, WERs, model bytes, predictions); the emulated device trains it as the CPU; --load reads
+// the model kind from the saved run;
 // --layers, --d-model and --dropout default to D2L's sizes; the transformer's flags are refused.
 BOOST_AUTO_TEST_CASE(bahdanau_trains_resumes_and_predicts) {
   if (ShortRuns::dictionary_absent()) return;
@@ -354,6 +355,17 @@ BOOST_AUTO_TEST_CASE(bahdanau_trains_resumes_and_predicts) {
   const std::string said = read_text(dir / "stdout");
   BOOST_TEST(said.starts_with("hello\t"));
   BOOST_TEST(std::count(said.begin(), said.end(), '\n') == 2);
+  // On the emulated device: the CPU run's losses (to 1e-4, as trains_and_resumes_on_a_device)
+  ::setenv("EMBER_CUDA_EMULATE", "1", 1);
+  expect_ok(fmt::format("{} --device cuda --out '{}'", config, runs.path("gpu")));
+  ::unsetenv("EMBER_CUDA_EMULATE");
+  const auto mg = nlohmann::json::parse(read_text(dir / "gpu/metrics.json"));
+  BOOST_TEST(mg.at("config").at("device") == "cuda:0");
+  const auto gpu_loss = mg.at("train_loss").get<std::vector<double>>();
+  BOOST_TEST_REQUIRE(gpu_loss.size() == loss.size());
+  for (size_t i = 0; i < loss.size(); ++i)
+    BOOST_TEST(gpu_loss[i] == loss[i], boost::test_tools::tolerance(1e-4));
+  BOOST_TEST(std::filesystem::exists(dir / "gpu/attn_src_1.svg"));
   // A changed model on --resume is a usage error
   BOOST_TEST(run_g2p(fmt::format("--resume '{}' --model transformer", b), dir) == 2);
   BOOST_TEST(read_text(dir / "stderr").find("--model \"transformer\" differs") !=
