@@ -152,6 +152,52 @@ class Bahdanau : public nn::Cloneable<Bahdanau> {
   Bahdanau(const Bahdanau&) = default;
 };
 
+namespace detail {
+
+// A live hypothesis of batch row `row`: its tokens after the start symbol, their log-probability.
+struct Live {
+  std::vector<int64_t> tokens;
+  double logp;
+  int64_t row;
+};
+
+// An extension of live hypothesis `beam` by `token`, and its summed log-probability.
+struct Candidate {
+  double logp;
+  size_t beam;
+  int64_t token;
+};
+
+// The best `take` extensions of the hypotheses live[i, j) (one row's), best first (ties: lower
+// beam, then lower token); lp holds the next token's log-probabilities, V a row, live[b]'s at b.
+inline std::vector<Candidate> best_extensions(const std::vector<Live>& live, size_t i, size_t j,
+                                              const std::vector<double>& lp, int64_t V,
+                                              size_t take) {
+  std::vector<Candidate> candidates;
+  for (size_t b = i; b < j; ++b)
+    for (int64_t v = 0; v < V; ++v)
+      candidates.push_back({live[b].logp + lp[b * static_cast<size_t>(V) + v], b, v});
+  take = std::min(candidates.size(), take);
+  std::partial_sort(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(take),
+                    candidates.end(), [](const Candidate& a, const Candidate& b) {
+                      if (a.logp != b.logp) return a.logp > b.logp;
+                      return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
+                    });
+  candidates.resize(take);
+  return candidates;
+}
+
+// The finished hypothesis of the highest score (the first found, on a tie).
+inline nn::Hypothesis best_of(const std::vector<nn::Hypothesis>& hyps, int64_t end_symbol) {
+  if (hyps.empty()) return {{end_symbol}, 0.0};  // a vocabulary of the end symbol alone
+  size_t k = 0;
+  for (size_t i = 1; i < hyps.size(); ++i)
+    if (hyps[i].score > hyps[k].score) k = i;
+  return hyps[k];
+}
+
+}  // namespace detail
+
 // Beam search over the decoder's state, with nn::beam_search's rules (nn/decoding.h): per row
 // `beam_size` live hypotheses ranked by summed log-probability; each step ranks every live
 // hypothesis's extensions and takes the best 2 x beam_size (ties: lower beam, then lower token);
@@ -165,14 +211,11 @@ inline std::vector<nn::Hypothesis> bahdanau_search(Bahdanau& model, const Tensor
                                                    const Tensor& src_valid_lens, int64_t max_len,
                                                    int64_t start_symbol, int64_t end_symbol,
                                                    int64_t beam_size, double alpha) {
+  using detail::Live;
   ember::NoGradGuard no_grad;
   const int64_t B = src.size(0);
   const ember::Device device = src.device();
-  struct Live {
-    std::vector<int64_t> tokens;
-    double logp;
-    int64_t row;
-  };
+  const auto K = static_cast<size_t>(beam_size);
   std::vector<Live> live;  // every row's live hypotheses, row by row; state row i is live[i]
   for (int64_t b = 0; b < B; ++b) live.push_back({{}, 0.0, b});
   std::vector<std::vector<nn::Hypothesis>> finished(static_cast<size_t>(B));
@@ -184,47 +227,30 @@ inline std::vector<nn::Hypothesis> bahdanau_search(Bahdanau& model, const Tensor
   for (int64_t step = 1; !live.empty(); ++step) {
     std::vector<int64_t> last;
     for (const Live& h : live) last.push_back(h.tokens.empty() ? start_symbol : h.tokens.back());
-    const auto N = static_cast<int64_t>(live.size());
-    const Tensor X = ember::from_vector(last, {N, 1}, device);
+    const Tensor X = ember::from_vector(last, {static_cast<int64_t>(live.size()), 1}, device);
     // log-probabilities (N, V) of each live hypothesis's next token
     const Tensor logp = model.decoder->forward(X, state).select(1, 0).log_softmax(-1).cpu();
-    const int64_t V = logp.size(1);
     const std::vector<double> lp = logp.to(ember::kFloat64).to_vector<double>();
     std::vector<Live> next;
     std::vector<int64_t> parents;
     for (size_t i = 0; i < live.size();) {  // the hypotheses of one row: live[i, j)
       size_t j = i;
       while (j < live.size() && live[j].row == live[i].row) ++j;
-      struct Candidate {
-        double logp;
-        size_t beam;
-        int64_t token;
-      };
-      std::vector<Candidate> candidates;
-      for (size_t b = i; b < j; ++b)
-        for (int64_t v = 0; v < V; ++v)
-          candidates.push_back({live[b].logp + lp[b * static_cast<size_t>(V) + v], b, v});
-      const size_t take = std::min(candidates.size(), static_cast<size_t>(2 * beam_size));
-      std::partial_sort(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(take),
-                        candidates.end(), [](const Candidate& a, const Candidate& b) {
-                          if (a.logp != b.logp) return a.logp > b.logp;
-                          return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
-                        });
+      const auto ranked = detail::best_extensions(live, i, j, lp, logp.size(1), 2 * K);
       std::vector<Live> row_next;
       std::vector<int64_t> row_parents;
-      for (size_t r = 0; r < take; ++r) {
-        const Candidate& c = candidates[r];
+      for (size_t r = 0; r < ranked.size(); ++r) {
+        const detail::Candidate& c = ranked[r];
         Live h{live[c.beam].tokens, c.logp, live[i].row};
         h.tokens.push_back(c.token);
         if (c.token == end_symbol) {
-          if (r < static_cast<size_t>(beam_size)) finish(h);
-        } else if (row_next.size() < static_cast<size_t>(beam_size)) {
+          if (r < K) finish(h);
+        } else if (row_next.size() < K) {
           row_next.push_back(std::move(h));
           row_parents.push_back(static_cast<int64_t>(c.beam));
         }
       }
-      const auto& done = finished[static_cast<size_t>(live[i].row)];
-      if (static_cast<int64_t>(done.size()) >= beam_size) {
+      if (finished[static_cast<size_t>(live[i].row)].size() >= K) {
         // the row is done: its live hypotheses go
       } else if (step >= max_len - 1) {
         for (const Live& h : row_next) finish(h);
@@ -235,22 +261,12 @@ inline std::vector<nn::Hypothesis> bahdanau_search(Bahdanau& model, const Tensor
       i = j;
     }
     live = std::move(next);
-    if (!live.empty()) {
-      const auto n = static_cast<int64_t>(parents.size());
-      state = state.select(ember::from_vector(parents, {n}, device));
-    }
+    if (!live.empty())
+      state =
+          state.select(ember::from_vector(parents, {static_cast<int64_t>(parents.size())}, device));
   }
   std::vector<nn::Hypothesis> best;
-  for (const auto& hyps : finished) {
-    if (hyps.empty()) {  // a vocabulary of the end symbol alone: nothing but it to say
-      best.push_back({{end_symbol}, 0.0});
-      continue;
-    }
-    size_t k = 0;
-    for (size_t i = 1; i < hyps.size(); ++i)
-      if (hyps[i].score > hyps[k].score) k = i;
-    best.push_back(hyps[k]);
-  }
+  for (const auto& hyps : finished) best.push_back(detail::best_of(hyps, end_symbol));
   return best;
 }
 
