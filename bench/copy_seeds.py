@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The copy task's exact-copy accuracy over seeds, Ember against PyTorch (docs/guide.md, "over seeds").
+"""The copy task's exact-copy accuracy over seeds, Ember against PyTorch (docs/examples.md).
 
 One seed says little about the copy task: at the default settings training ends at the peak of
 the learning-rate schedule and the accuracy of one run follows its last few steps. This script

@@ -52,7 +52,7 @@ for threads in ${BENCH_THREADS:-1 2}; do
   ENV=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" EMBER_NUM_THREADS="$threads")
   # OpenMP's wait policy: its default (threads spin a while between parallel regions) unless
   # BENCH_WAIT_POLICY says otherwise. PASSIVE makes every region cost ~40 us on a 2-vCPU VM, for
-  # PyTorch as much as for Ember (BENCHMARKS.md, "Issue 17").
+  # PyTorch as much as for Ember (BENCHMARKS.md, "How the figures are taken").
   [ -n "${BENCH_WAIT_POLICY:-}" ] && ENV+=(OMP_WAIT_POLICY="$BENCH_WAIT_POLICY")
   echo "--- $threads thread(s)"
   i=0

@@ -18,7 +18,7 @@ using namespace ember;
 namespace {
 
 struct Flags {
-  uint64_t seed = 2;  // an initial w that training moves (see the README's note on this example)
+  uint64_t seed = 2;  // an initial w that training moves (docs/examples.md's note on this example)
   int epochs = 5, threads = 0;
   int64_t n_train = 50;
   double lr = 0.5;

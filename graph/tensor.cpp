@@ -78,7 +78,7 @@ size_t rounded_bytes(size_t nbytes) {
 // huge pages act on in their default "madvise" mode; PyTorch's CPU allocator does the same
 // under THP_MEM_ALLOC_ENABLE). A pass over a large tensor then takes a TLB miss per 2 MB
 // instead of per 4 KB: b += 3c over 128 MB arrays ran at 34-37 GB/s on one Zen 4 core and
-// 59-67 GB/s on two, against 26-28 and 48 with 4 KB pages (a plain OpenMP loop, BENCHMARKS.md).
+// 59-67 GB/s on two, against 26-28 and 48 with 4 KB pages (a plain OpenMP loop, docs/design.md).
 // The length is not rounded up: the tail past the last whole 2 MB page stays in 4 KB pages, so a
 // buffer holds no more memory than its length (G2P's peak RSS moved 2.3-2.5 GB between runs with
 // and without the advice alike). The advice is only advice: where the kernel has no THP, nothing

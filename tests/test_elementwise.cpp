@@ -221,7 +221,7 @@ BOOST_AUTO_TEST_CASE(clamp_minimum_maximum_and_nan_tests) {
 BOOST_AUTO_TEST_CASE(mixed_dtype_gradients) {
   // Float32 with Float64 computes in Float64; each gradient comes back in its input's dtype, with
   // the values of the all-Float64 computation (DivBackward read its saved operands in the
-  // result's dtype only since an earlier run: Float32 / Float64 threw in backward).
+  // result's dtype since 279b289; before it, Float32 / Float64 threw in backward).
   manual_seed(3);
   const Tensor x0 = randn({2, 3}), y0 = randn({3}, kFloat64) + 3.0;
   const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, const Tensor&)>>>

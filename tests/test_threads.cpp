@@ -1,4 +1,4 @@
-// What may run concurrently (docs/guide.md "Safety"): threads that draw random numbers, and threads
+// What may run concurrently (docs/safety.md): threads that draw random numbers, and threads
 // that run forward and backward through one shared model, accumulating into its parameters'
 // gradients. CI also runs this suite under ThreadSanitizer (make test-tsan).
 #include <boost/test/unit_test.hpp>
