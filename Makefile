@@ -11,8 +11,10 @@ PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev
               libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
               libopenmpi-dev dataset-fashion-mnist zlib1g-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# doxygen: the API reference from the public headers (make docs).
+PACKAGES   += doxygen
 
-.PHONY: all deps build demo test test-asan test-tsan bench format clean
+.PHONY: all deps build demo test test-asan test-tsan bench docs format clean
 
 all: build
 
@@ -55,6 +57,14 @@ test-tsan: deps
 
 bench: build
 	./bench/run.sh $(BUILD)
+
+# The API reference from the public headers (Doxyfile, docs/api/): $(BUILD)/docs/html/index.html.
+# A warning fails the target (they go to $(BUILD)/docs/warnings.log).
+docs: deps
+	rm -rf $(BUILD)/docs && mkdir -p $(BUILD)/docs
+	EMBER_DOCS_OUT=$(BUILD)/docs doxygen Doxyfile
+	@if [ -s $(BUILD)/docs/warnings.log ]; then cat $(BUILD)/docs/warnings.log; exit 1; fi
+	@echo "API reference: $(BUILD)/docs/html/index.html"
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
