@@ -6,10 +6,12 @@ JOBS       ?= 2
 # pocketsphinx-en-us: the CMU Pronouncing Dictionary (without stress) that examples/g2p trains on;
 # fortunes: the text examples/char_lm trains on;
 # openmpi-bin, libopenmpi-dev: mpirun and MPI for distributed/ (data-parallel training);
-# dataset-fashion-mnist: the gzipped IDX files examples/fashion_mnist trains on, read with zlib.
+# dataset-fashion-mnist: the gzipped IDX files examples/fashion_mnist trains on, read with zlib;
+# libdnnl-dev: oneDNN, Float32 convolutions on the CPU (its CMake config also needs
+# ocl-icd-opencl-dev, which libdnnl-dev does not pull in).
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
               libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
-              libopenmpi-dev dataset-fashion-mnist zlib1g-dev
+              libopenmpi-dev dataset-fashion-mnist zlib1g-dev libdnnl-dev ocl-icd-opencl-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # doxygen: the API reference from the public headers (make docs).
 PACKAGES   += doxygen

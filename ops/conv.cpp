@@ -20,10 +20,34 @@
 // are kernels (parallel over (row, sample) and (channel, sample): no two tasks write one
 // element); on a device they are index_select and scatter_add over the input's plane with one
 // zero slot appended for the padding, ops that already run there.
+//
+// Note [Convolution kernels]
+// Every convolution, transposed or not, is one of three bilinear ops on an image (N, C, in…), a
+// weight (O, C/G, kernel…) and a result (N, O, out…), each written once:
+//   convolution(img, W)       -> the result;                   y  = conv(img, W)
+//   convolution_input(dY, W)  -> an image (the adjoint in img); dX = conv_input(dY, W)
+//   convolution_weight(img, dY) -> a weight (the adjoint in W); dW = conv_weight(img, dY)
+// with <dY, conv(img, W)> = <conv_input(dY, W), img> = <conv_weight(img, dY), W>, so each one's
+// derivatives are the other two (and itself):
+//   conv:         dimg = conv_input(dY, W),        dW = conv_weight(img, dY)
+//   conv_input:   ddY  = conv(dX', W),             dW = conv_weight(dX', dY)   (dX' its upstream)
+//   conv_weight:  dimg = conv_input(dY, dW'),      ddY = conv(img, dW')        (dW' its upstream)
+// conv2d and conv1d (a height of 1) are conv (+ the bias), conv_transpose2d and conv_transpose1d
+// are conv_input (+ the bias) of the convolution whose image is their output. Where oneDNN
+// runs the call (Float32 on the CPU, Note [Convolutions in oneDNN] in ops/conv_dnnl.cpp: its
+// forward, backward-data and backward-weights primitives) each is an op of its own whose Node
+// calls the other two, so create_graph differentiates them again, and a first-order backward
+// (grad mode off) of conv gets the weight and bias gradients from one backward-weights call.
+// Elsewhere (Float64, other devices, bfloat16 products under set_float32_matmul_precision
+// ("medium"), empty sizes, EMBER_CONV=im2col) each is im2col / col2im and products, as above, and
+// autograd differentiates those ops.
 #include "ops/conv.h"
 
 #include <algorithm>
 #include <array>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "graph/autograd.h"
@@ -31,7 +55,10 @@
 #include "graph/profile.h"
 #include "graph/strided.h"
 #include "ops/common.h"
+#include "ops/conv_dnnl.h"
 #include "ops/index.h"
+#include "ops/linalg.h"
+#include "ops/reduce.h"
 
 namespace ember {
 
@@ -39,8 +66,9 @@ namespace {
 
 // One convolution's spatial layout in two dims (a 1-D one has in, out and kernel 1 along dim 0):
 // the image side (N, C, in…), the kernel, and the positions (out…) of the columns.
+// O and G: the result's channels and the groups (Note [Convolution kernels]).
 struct Geometry {
-  int64_t N = 0, C = 0;
+  int64_t N = 0, C = 0, O = 0, G = 1;
   std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad{0, 0},
       dilation{1, 1};  // pad: before; whatever lies past the input reads as zero
   int64_t K() const { return kernel[0] * kernel[1]; }
@@ -270,6 +298,172 @@ Tensor finish(const Tensor& y, const Tensor& bias, const Shape& out_shape) {
   return with_bias.reshape(out_shape);
 }
 
+// --- the three ops of Note [Convolution kernels]; images, weights and results all 4-D ---------
+
+// The oneDNN description of g, where oneDNN runs this call: a (an operand) Float32 on the CPU,
+// oneDNN on and products not in bfloat16, every size positive, and a right padding oneDNN takes
+// (it wants (in + pad_l + pad_r - span) / stride + 1 = out with pad_r > -stride; a transposed
+// convolution whose output_padding passes its padding plus the stride keeps im2col).
+std::optional<detail::ConvDesc> onednn_desc(const Tensor& a, const Geometry& g, bool bias) {
+  if (a.dtype() != kFloat32 || !a.device().is_cpu() || !detail::conv_uses_onednn() ||
+      float32_matmul_uses_bfloat16())
+    return std::nullopt;
+  if (g.N <= 0 || g.C <= 0 || g.O <= 0 || g.K() <= 0 || g.L() <= 0 || g.S() <= 0)
+    return std::nullopt;
+  detail::ConvDesc d;
+  d.N = g.N, d.C = g.C, d.O = g.O, d.G = g.G, d.bias = bias;
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
+    const int64_t pad_r =
+        std::max<int64_t>(0, (g.out[i] - 1) * g.stride[i] + span - g.in[i] - g.pad[i]);
+    const int64_t padded = g.in[i] + g.pad[i] + pad_r;
+    if (padded < span || (padded - span) / g.stride[i] + 1 != g.out[i]) return std::nullopt;
+    d.in[i] = g.in[i], d.out[i] = g.out[i], d.kernel[i] = g.kernel[i], d.stride[i] = g.stride[i];
+    d.pad_l[i] = g.pad[i], d.pad_r[i] = pad_r, d.dilation[i] = g.dilation[i];
+  }
+  return d;
+}
+
+// t as `shape` (a 1-D convolution's operands as 2-D ones and back), t itself where it has it.
+Tensor as_shape(const Tensor& t, const Shape& shape) {
+  return t.shape() == shape ? t : t.reshape(shape);
+}
+
+// The kernels' operands: contiguous, read without recording.
+Tensor dense(const Tensor& t) {
+  NoGradGuard no_grad;
+  return t.contiguous();
+}
+
+Tensor conv(const Tensor& img, const Tensor& w, const Tensor& bias, const Geometry& g);
+Tensor conv_input(const Tensor& dy, const Tensor& w, const Geometry& g);
+Tensor conv_weight(const Tensor& img, const Tensor& dy, const Geometry& g);
+// The weight gradient and the bias gradient Σ dY over (N, out…), each where wanted: one
+// backward-weights call where oneDNN runs it and nothing records (grad mode off).
+std::pair<Tensor, Tensor> conv_weight_and_bias(const Tensor& img, const Tensor& dy,
+                                               const Geometry& g, bool want_w, bool want_b);
+
+// y = conv(img, W) + b:  dimg = conv_input(dY, W), dW = conv_weight(img, dY), db = Σ dY
+struct ConvolutionBackward final : Node {
+  ConvolutionBackward(const Tensor& img, const Tensor& w, bool bias, const Geometry& g)
+      : bias_(bias), g_(g) {
+    save(img_, img), save(w_, w);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& dy = grads[0];
+    std::vector<Tensor> out(3);
+    if (!dy.defined()) return out;
+    if (needs_grad(0)) out[0] = conv_input(dy, w_.get(), g_);
+    const bool want_w = needs_grad(1), want_b = bias_ && needs_grad(2);
+    if (want_w || want_b)
+      std::tie(out[1], out[2]) = conv_weight_and_bias(img_.get(), dy, g_, want_w, want_b);
+    return out;
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor img_, w_;
+  bool bias_;
+  Geometry g_;
+};
+
+// dX = conv_input(dY, W):  ddY = conv(dX', W), dW = conv_weight(dX', dY)
+struct ConvolutionInputBackward final : Node {
+  ConvolutionInputBackward(const Tensor& dy, const Tensor& w, const Geometry& g) : g_(g) {
+    save(dy_, dy), save(w_, w);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& h = grads[0];
+    std::vector<Tensor> out(2);
+    if (!h.defined()) return out;
+    if (needs_grad(0)) out[0] = conv(h, w_.get(), {}, g_);
+    if (needs_grad(1)) out[1] = conv_weight(h, dy_.get(), g_);
+    return out;
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor dy_, w_;
+  Geometry g_;
+};
+
+// dW = conv_weight(img, dY):  dimg = conv_input(dY, dW'), ddY = conv(img, dW')
+struct ConvolutionWeightBackward final : Node {
+  ConvolutionWeightBackward(const Tensor& img, const Tensor& dy, const Geometry& g) : g_(g) {
+    save(img_, img), save(dy_, dy);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& h = grads[0];
+    std::vector<Tensor> out(2);
+    if (!h.defined()) return out;
+    if (needs_grad(0)) out[0] = conv_input(dy_.get(), h, g_);
+    if (needs_grad(1)) out[1] = conv(img_.get(), h, {}, g_);
+    return out;
+  }
+  bool differentiable_backward() const override { return true; }
+  SavedTensor img_, dy_;
+  Geometry g_;
+};
+
+// img (N, C, in…), w (O, C/G, kernel…), bias (O) or undefined -> (N, O, out…).
+Tensor conv(const Tensor& img, const Tensor& w, const Tensor& bias, const Geometry& g) {
+  const int64_t N = g.N, L = g.L(), Cg = g.C / g.G, K = g.K();
+  if (const auto d = onednn_desc(img, g, bias.defined())) {
+    const Tensor ic = dense(img), wc = dense(w), bc = bias.defined() ? dense(bias) : Tensor();
+    Tensor y = empty({N, g.O, g.out[0], g.out[1]}, kFloat32);
+    detail::onednn_conv_forward(*d, ic.data<float>(), wc.data<float>(),
+                                bias.defined() ? bc.data<float>() : nullptr, y.data<float>());
+    return record<ConvolutionBackward>("convolution", y, {img, w, bias}, img, w, bias.defined(), g);
+  }
+  const Tensor cols = im2col(img, g);  // (C·K, N·L)
+  const Tensor wg = w.reshape({g.G, g.O / g.G, Cg * K});
+  const Tensor y = bmm(wg, cols.reshape({g.G, Cg * K, N * L}));  // (G, O/G, N·L)
+  return finish(y.reshape({g.O, N, L}).permute({1, 0, 2}), bias, {N, g.O, g.out[0], g.out[1]});
+}
+
+// dy (N, O, out…), w (O, C/G, kernel…) -> (N, C, in…).
+Tensor conv_input(const Tensor& dy, const Tensor& w, const Geometry& g) {
+  const int64_t N = g.N, L = g.L(), Og = g.O / g.G, Cg = g.C / g.G, K = g.K();
+  if (const auto d = onednn_desc(dy, g, false)) {
+    const Tensor dc = dense(dy), wc = dense(w);
+    Tensor dx = empty({N, g.C, g.in[0], g.in[1]}, kFloat32);
+    detail::onednn_conv_backward_data(*d, dc.data<float>(), wc.data<float>(), dx.data<float>());
+    return record<ConvolutionInputBackward>("convolution_input", dx, {dy, w}, dy, w, g);
+  }
+  // dy (N, O, L) -> (G, O/G, N·L); cols_g (C/G·K, N·L) = W_gᵀ dy_g
+  const Tensor ds = dy.reshape({N, g.O, L}).permute({1, 0, 2}).reshape({g.G, Og, N * L});
+  const Tensor wt = w.reshape({g.G, Og, Cg * K}).transpose(1, 2);
+  const Tensor cols = bmm(wt, ds).reshape({g.C * K, N * L});
+  return col2im(cols, g);
+}
+
+// img (N, C, in…), dy (N, O, out…) -> (O, C/G, kernel…).
+Tensor conv_weight(const Tensor& img, const Tensor& dy, const Geometry& g) {
+  const int64_t N = g.N, L = g.L(), Og = g.O / g.G, Cg = g.C / g.G, K = g.K();
+  if (const auto d = onednn_desc(img, g, false)) {
+    const Tensor ic = dense(img), dc = dense(dy);
+    Tensor dw = empty({g.O, Cg, g.kernel[0], g.kernel[1]}, kFloat32);
+    detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(), dw.data<float>(),
+                                         nullptr);
+    return record<ConvolutionWeightBackward>("convolution_weight", dw, {img, dy}, img, dy, g);
+  }
+  // dW_g (O/G, C/G·K) = dY_g (O/G, N·L) · cols_gᵀ
+  const Tensor cols = im2col(img, g).reshape({g.G, Cg * K, N * L});
+  const Tensor ds = dy.reshape({N, g.O, L}).permute({1, 0, 2}).reshape({g.G, Og, N * L});
+  return bmm(ds, cols.transpose(1, 2)).reshape({g.O, Cg, g.kernel[0], g.kernel[1]});
+}
+
+std::pair<Tensor, Tensor> conv_weight_and_bias(const Tensor& img, const Tensor& dy,
+                                               const Geometry& g, bool want_w, bool want_b) {
+  if (want_w && !is_grad_enabled()) {
+    if (const auto d = onednn_desc(img, g, want_b)) {
+      const Tensor ic = dense(img), dc = dense(dy);
+      Tensor dw = empty({g.O, g.C / g.G, g.kernel[0], g.kernel[1]}, kFloat32);
+      Tensor db = want_b ? empty({g.O}, kFloat32) : Tensor();
+      detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(), dw.data<float>(),
+                                           want_b ? db.data<float>() : nullptr);
+      return {dw, db};
+    }
+  }
+  return {want_w ? conv_weight(img, dy, g) : Tensor(), want_b ? sum(dy, {0, 2, 3}) : Tensor()};
+}
+
 Tensor conv_nd(const Tensor& input, const Tensor& weight, const Tensor& bias, const IntList& stride,
                const Padding& padding, const IntList& dilation, int64_t groups, int64_t n,
                std::string_view op) {
@@ -303,7 +497,7 @@ Tensor conv_nd(const Tensor& input, const Tensor& weight, const Tensor& bias, co
                 "{}: padding must be numbers, \"same\" or \"valid\", got \"{}\"", op, padding.mode);
   }
   Geometry g;
-  g.N = N, g.C = C;
+  g.N = N, g.C = C, g.O = C_out, g.G = groups;
   Shape out_shape{N, C_out};
   for (int64_t i = 0; i < n; ++i) {
     const int64_t in = x.size(2 + i), k = weight.size(2 + i);
@@ -318,11 +512,10 @@ Tensor conv_nd(const Tensor& input, const Tensor& weight, const Tensor& bias, co
     g.in[j] = in, g.out[j] = out, g.kernel[j] = k, g.stride[j] = s[i];
     g.pad[j] = before[i], g.dilation[j] = d[i];
   }
-  const int64_t L = g.L(), Cg = C / groups;
-  const Tensor cols = im2col(x, g);  // (C·K, N·L)
-  const Tensor w = weight.reshape({groups, C_out / groups, Cg * g.K()});
-  const Tensor y = bmm(w, cols.reshape({groups, Cg * g.K(), N * L}));  // (G, C_out/G, N·L)
-  Tensor out = finish(y.reshape({C_out, N, L}).permute({1, 0, 2}), bias, out_shape);
+  // every operand 4-D (a 1-D convolution has height 1): Note [Convolution kernels]
+  const Tensor x4 = as_shape(x, {N, C, g.in[0], g.in[1]});
+  const Tensor w4 = as_shape(weight, {C_out, C / groups, g.kernel[0], g.kernel[1]});
+  Tensor out = as_shape(conv(x4, w4, bias, g), out_shape);
   // An input without channels gives torch's result: no output channels either (and so no
   // gradient for the weight or bias).
   if (C == 0) out = out.narrow(1, 0, 0);
@@ -347,8 +540,8 @@ Tensor conv_transpose_nd(const Tensor& input, const Tensor& weight, const Tensor
   const IntList d = checked_positive(dilation, n, op, "dilation");
   const IntList p = checked_non_negative(padding, n, op, "padding");
   const IntList o = checked_non_negative(output_padding, n, op, "output_padding");
-  Geometry g;  // the image side is the output
-  g.N = N, g.C = C_out;
+  Geometry g;  // the image side is the output, the convolution's result is x
+  g.N = N, g.C = C_out, g.O = C, g.G = groups;
   Shape out_shape{N, C_out};
   for (int64_t i = 0; i < n; ++i) {
     EMBER_CHECK(o[i] < s[i] || o[i] < d[i],
@@ -365,13 +558,11 @@ Tensor conv_transpose_nd(const Tensor& input, const Tensor& weight, const Tensor
     g.in[j] = out, g.out[j] = in, g.kernel[j] = k, g.stride[j] = s[i];
     g.pad[j] = p[i], g.dilation[j] = d[i];
   }
-  const int64_t L = g.L(), Cg = C / groups, K = g.K();
-  // x (N, C, L) -> (G, C/G, N·L); cols_g (C_out/G·K, N·L) = W_gᵀ x_g
-  const Tensor xs = x.reshape({N, C, L}).permute({1, 0, 2}).reshape({groups, Cg, N * L});
-  const Tensor w = weight.reshape({groups, Cg, C_out / groups * K}).transpose(1, 2);
-  const Tensor cols = bmm(w, xs).reshape({C_out * K, N * L});
-  const Tensor y = col2im(cols, g).reshape({N, C_out, g.S()});
-  const Tensor out = finish(y, bias, out_shape);
+  const Tensor x4 = as_shape(x, {N, C, g.out[0], g.out[1]});
+  const Tensor w4 = as_shape(weight, {C, C_out / groups, g.kernel[0], g.kernel[1]});
+  const Tensor y = conv_input(x4, w4, g);  // (N, C_out, out…)
+  const Tensor out =
+      as_shape(bias.defined() ? add(y, bias.reshape({1, C_out, 1, 1})) : y, out_shape);
   return unbatched ? out.squeeze(0) : out;
 }
 

@@ -2,9 +2,14 @@
 // drives gradcheck and gradgradcheck on several layouts, the backward under create_graph, the
 // PyTorch golden values and gradients, edge shapes, anomaly mode and the emulated device; then a
 // direct (seven-loop) convolution against the im2col path at a size that runs in parallel, the
-// transposed convolution as the adjoint of the convolution, and every error message.
+// transposed convolution as the adjoint of the convolution, and every error message; then
+// Float32 on oneDNN against im2col (value, gradients, second order), threads and empty shapes.
 #include <boost/test/unit_test.hpp>
 
+#include <functional>
+#include <thread>
+
+#include "ops/conv_dnnl.h"
 #include "tests/edge_shapes.h"
 
 using namespace ember;
@@ -108,6 +113,85 @@ Tensor direct_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t 
           y[((n * O + o) * OH + i) * OW + j] = sum;
         }
   return from_vector(y, {N, O, OH, OW}, kFloat64);
+}
+
+// Float32 convolutions run on oneDNN where Ember has it (Note [Convolutions in oneDNN]): cases
+// that reach it, each against the same call on the im2col path and both against Float64, for
+// the value and the gradients of every input, first order and under create_graph.
+struct PathCase {
+  std::string name;
+  std::vector<Shape> shapes;  // input, weight, bias (absent: no bias)
+  std::function<Tensor(const std::vector<Tensor>&)> f;
+};
+// clang-format off
+const std::vector<PathCase> kPathCases = {
+    {"conv2d", {{4, 3, 9, 8}, {5, 3, 3, 3}, {5}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2]); }},
+    {"conv2d stride padding", {{3, 4, 11, 10}, {8, 4, 3, 3}, {8}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {2}, 1); }},
+    {"conv2d stride and padding per dim", {{2, 2, 9, 7}, {3, 2, 2, 3}},
+     [](auto& v) { return conv2d(v[0], v[1], {}, {2, 1}, {0, 2}); }},
+    {"conv2d dilation", {{2, 3, 10, 10}, {4, 3, 3, 3}, {4}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 2, {2}); }},
+    {"conv2d groups", {{2, 8, 7, 7}, {12, 4, 3, 3}, {12}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1, {1}, 2); }},
+    {"conv2d depthwise", {{3, 16, 8, 8}, {16, 1, 3, 3}, {16}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1, {1}, 16); }},
+    {"conv2d same with an even kernel", {{2, 3, 7, 8}, {4, 3, 2, 4}, {4}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, "same", {1, 2}); }},
+    {"conv2d 1x1 stride 2", {{4, 16, 8, 8}, {32, 16, 1, 1}},
+     [](auto& v) { return conv2d(v[0], v[1], {}, {2}); }},
+    {"conv2d 32 channels", {{4, 32, 10, 10}, {32, 32, 3, 3}, {32}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1); }},
+    {"conv2d one input channel", {{4, 1, 12, 12}, {16, 1, 3, 3}, {16}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1); }},
+    {"conv2d unbatched", {{3, 6, 5}, {2, 3, 3, 3}, {2}},
+     [](auto& v) { return conv2d(v[0], v[1], v[2], {1}, 1); }},
+    {"conv1d", {{3, 4, 13}, {6, 4, 3}, {6}},
+     [](auto& v) { return conv1d(v[0], v[1], v[2], {2}, 2, {2}); }},
+    {"conv1d groups unbatched", {{4, 9}, {4, 2, 2}},
+     [](auto& v) { return conv1d(v[0], v[1], {}, {1}, 0, {1}, 2); }},
+    {"conv_transpose2d", {{2, 3, 5, 5}, {3, 4, 3, 3}, {4}},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2]); }},
+    {"conv_transpose2d stride padding output_padding", {{2, 4, 4, 5}, {4, 3, 3, 3}, {3}},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2], {2}, {1}, {1}); }},
+    {"conv_transpose2d groups dilation", {{2, 4, 4, 4}, {4, 2, 3, 2}, {4}},
+     [](auto& v) { return conv_transpose2d(v[0], v[1], v[2], {2, 1}, {1, 0}, {0}, 2, {1, 2}); }},
+    {"conv_transpose1d", {{2, 2, 6}, {2, 3, 3}, {3}},
+     [](auto& v) { return conv_transpose1d(v[0], v[1], v[2], {3}, {1}, {2}); }},
+    {"conv_transpose1d output_padding past the padding", {{2, 4, 5}, {4, 1, 3}},
+     [](auto& v) { return conv_transpose1d(v[0], v[1], {}, {1}, {0}, {1}, 2, {2}); }},
+};
+// clang-format on
+
+// Sets the oneDNN path on or off while alive, then on again.
+struct ConvPath {
+  explicit ConvPath(bool onednn) { ember::detail::set_conv_uses_onednn(onednn); }
+  ~ConvPath() { ember::detail::set_conv_uses_onednn(true); }
+  ConvPath(const ConvPath&) = delete;
+  ConvPath& operator=(const ConvPath&) = delete;
+};
+
+// The value, every input's gradient for upstream `up`, and the gradients of Σ (those
+// gradients)² (create_graph), in Float64 for comparing.
+std::vector<Tensor> path_results(const PathCase& c, const std::vector<Tensor>& leaves64,
+                                 const Tensor& up64, DType dtype) {
+  std::vector<Tensor> in;
+  for (const Tensor& t : leaves64) in.push_back(t.detach().to(dtype).requires_grad_());
+  const Tensor y = c.f(in);
+  std::vector<Tensor> out{y.detach().to(kFloat64)};
+  const Tensor up = up64.to(dtype);
+  for (const Tensor& g : autograd::grad({y}, in, {up}, true)) out.push_back(g.to(kFloat64));
+  const std::vector<Tensor> first = autograd::grad({c.f(in)}, in, {up}, true, true);
+  Tensor squares;
+  for (const Tensor& g : first) {
+    out.push_back(g.detach().to(kFloat64));  // the gradients again, from the ops' path
+    squares = squares.defined() ? squares + (g * g).sum() : (g * g).sum();
+  }
+  const std::vector<Tensor> second = autograd::grad({squares}, in, {}, std::nullopt, false, true);
+  for (size_t i = 0; i < in.size(); ++i)  // the bias's gradient is a constant: nothing reaches it
+    out.push_back(second[i].defined() ? second[i].to(kFloat64) : zeros(in[i].shape(), kFloat64));
+  return out;
 }
 
 // f throws an ember::Error whose message contains `part`.
@@ -253,6 +337,113 @@ BOOST_AUTO_TEST_CASE(errors) {
       },
       "conv_transpose1d: in_channels 3 of the input [2, 3, 5] is not divisible by "
       "groups 2");
+}
+
+// Float32 on oneDNN and on im2col + products agree with each other and with Float64, value and
+// gradients, first and second order; the oneDNN calls record their own ops (their Nodes), except
+// where im2col must run it (an output_padding past the padding plus the stride).
+BOOST_AUTO_TEST_CASE(onednn_matches_im2col) {
+  if (!ember::detail::onednn_built()) {
+    BOOST_TEST_MESSAGE("skipped: Ember was built without oneDNN");
+    return;
+  }
+  ConvPath on(true);  // whatever EMBER_CONV says
+  const char* names[] = {"value", "input gradient", "weight gradient", "bias gradient"};
+  for (const PathCase& c : kPathCases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      manual_seed(11);
+      std::vector<Tensor> leaves;
+      for (const Shape& s : c.shapes) leaves.push_back(randn(s, kFloat64));
+      const Tensor up = randn(c.f(leaves).shape(), kFloat64);
+      const std::vector<Tensor> want = path_results(c, leaves, up, kFloat64);
+      const std::vector<Tensor> onednn = path_results(c, leaves, up, kFloat32);
+      std::vector<Tensor> im2col;
+      {
+        ConvPath path(false);
+        im2col = path_results(c, leaves, up, kFloat32);
+      }
+      const size_t n = leaves.size();
+      for (size_t i = 0; i < want.size(); ++i) {
+        const std::string what = i <= n ? names[i]
+                                 : i <= 2 * n
+                                     ? fmt::format("{} under create_graph", names[i - n])
+                                     : fmt::format("second-order gradient {}", i - 2 * n - 1);
+        // relative to the result's scale: sums of up to a few thousand Float32 products
+        const double scale = std::max(1.0, want[i].abs().max().item<double>());
+        expect_close(onednn[i], want[i], 1e-5, 2e-6 * scale, what + " (oneDNN)");
+        expect_close(im2col[i], want[i], 1e-5, 2e-6 * scale, what + " (im2col)");
+        expect_close(onednn[i], im2col[i], 1e-5, 2e-6 * scale, what + " (oneDNN vs im2col)");
+      }
+    }
+  }
+  // which path ran: the convolution's own Node on oneDNN, im2col's ops otherwise
+  const Tensor x = randn({2, 3, 6, 6}).requires_grad_(), w = randn({4, 3, 3, 3});
+  BOOST_TEST(conv2d(x, w).grad_fn()->name() == "ConvolutionBackward");
+  BOOST_TEST(conv2d(x.to(kFloat64), w.to(kFloat64)).grad_fn()->name() != "ConvolutionBackward");
+  {
+    ConvPath path(false);
+    BOOST_TEST(conv2d(x, w).grad_fn()->name() != "ConvolutionBackward");
+  }
+  BOOST_TEST(conv_transpose2d(x, randn({3, 2, 3, 3})).grad_fn()->name() ==
+             "ConvolutionInputBackward");
+  // output_padding 1 past padding 0 + stride 1: oneDNN cannot express it, im2col runs
+  const Tensor t = randn({2, 4, 5, 5}).requires_grad_();
+  BOOST_TEST(
+      conv_transpose2d(t, randn({4, 1, 3, 3}), {}, {1}, {0}, {1}, 2, {2}).grad_fn()->name() ==
+      "Col2imBackward");
+}
+
+// Under set_float32_matmul_precision("medium") a Float32 convolution stays im2col + products
+// (its products in bfloat16 where the CPU has them), as before oneDNN.
+BOOST_AUTO_TEST_CASE(onednn_leaves_bfloat16_products_to_im2col) {
+  const Tensor x = randn({2, 3, 6, 6}).requires_grad_(), w = randn({4, 3, 3, 3});
+  set_float32_matmul_precision("medium");
+  const bool bf16 = float32_matmul_uses_bfloat16();
+  const std::string name(conv2d(x, w).grad_fn()->name());
+  set_float32_matmul_precision("highest");
+  if (bf16) BOOST_TEST(name != "ConvolutionBackward");
+  if (!bf16) BOOST_TEST_MESSAGE("this CPU has no bfloat16 products: medium computes as highest");
+}
+
+// oneDNN's results on 1 and 2 threads (primitives cached per thread count) and from several
+// caller threads at once agree with the 1-thread result; an empty batch and zero channels
+// stay on im2col and give torch's shapes.
+BOOST_AUTO_TEST_CASE(onednn_threads_and_empty_shapes) {
+  manual_seed(12);
+  const Tensor x = randn({8, 16, 14, 14}), w = randn({16, 16, 3, 3}), b = randn({16});
+  const int before = get_num_threads();
+  set_num_threads(1);
+  const Tensor one = conv2d(x, w, b, {1}, 1);
+  const Tensor up = randn(one.shape());
+  const auto grads = [&] {
+    const Tensor xg = x.detach().requires_grad_(), wg = w.detach().requires_grad_(),
+                 bg = b.detach().requires_grad_();
+    return autograd::grad({conv2d(xg, wg, bg, {1}, 1)}, {xg, wg, bg}, {up});
+  };
+  const std::vector<Tensor> g1 = grads();
+  set_num_threads(2);
+  // Ember's bits do not depend on its thread count
+  expect_close(conv2d(x, w, b, {1}, 1), one, 0, 0, "2 threads");
+  const std::vector<Tensor> g2 = grads();
+  for (size_t i = 0; i < 3; ++i)
+    expect_close(g2[i], g1[i], 0, 0, fmt::format("2 threads, gradient {}", i));
+  set_num_threads(1);
+  std::vector<Tensor> got(4);
+  {
+    std::vector<std::thread> callers;
+    for (size_t i = 0; i < got.size(); ++i)
+      callers.emplace_back([&, i] { got[i] = conv2d(x, w, b, {1}, 1); });
+    for (std::thread& t : callers) t.join();
+  }
+  for (const Tensor& g : got) expect_close(g, one, 0, 0, "concurrent callers");
+  set_num_threads(before);
+  if (ember::detail::onednn_built()) BOOST_TEST(ember::detail::onednn_cached_primitives() > 0);
+  const Tensor e = zeros({0, 3, 5, 5}).requires_grad_(), we = randn({4, 3, 3, 3}).requires_grad_();
+  const Tensor y = conv2d(e, we, {}, {1}, 1);
+  BOOST_TEST((y.shape() == Shape{0, 4, 5, 5}));
+  y.sum().backward();
+  BOOST_TEST((e.grad().shape() == e.shape()));
+  BOOST_TEST(we.grad().abs().sum().item<double>() == 0.0);
 }
 
 // The layers: torch's parameter names, shapes and initialisation bound, options passed through,

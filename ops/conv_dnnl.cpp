@@ -1,0 +1,419 @@
+// oneDNN's convolution primitives behind ops/conv.cpp (declared in ops/conv_dnnl.h): forward,
+// backward-data and backward-weights in Float32 on NCHW tensors, through oneDNN's blocked layouts
+// with reorders in and out, each made once per shape and thread count and kept in a cache.
+//
+// Note [Convolutions in oneDNN]
+// Ember's im2col + one product per group (Note [Convolution as products] in ops/conv.cpp) runs at
+// 35-45 GFLOP/s on the Fashion-MNIST layers at one thread (Zen 4); oneDNN's direct JIT kernels
+// on its blocked layouts (nChw16c activations, OIhw16i16o weights, picked by format_tag::any)
+// run at 110-125, and still 1.5-2.8 times Ember's speed with the reorders from and to NCHW paid
+// in every call (BENCHMARKS.md, "Convolution kernels"). So where Ember is built with oneDNN
+// (CMake finds Debian's libdnnl-dev: EMBER_HAVE_DNNL), a Float32 convolution on the CPU calls it:
+// - Each call reorders its NCHW/OIHW operands into the layouts the primitive chose, runs it, and
+//   reorders its result back; the blocked buffers and the primitive's scratchpad come from
+//   Ember's allocator (one tensor per call), so the caller's tensors stay NCHW and no state
+//   lives between calls but the primitives.
+// - Making a primitive descriptor and JIT-compiling its kernel costs 0.1-10 ms, so each
+//   (direction, every size, stride, padding, dilation, groups, bias, thread count) has one
+//   entry in a process-wide cache under a mutex, made on first use. The primitives run with a
+//   scratchpad of the caller's (scratchpad_mode::user), so one primitive may run on several
+//   threads at once.
+// - Threads: Debian's oneDNN runs on OpenMP and sizes its work from omp_get_max_threads(), which
+//   Ember pins at one (graph/parallel.cpp, for OpenBLAS). Around each call (and each primitive's
+//   creation, which blocks for the count it will run on) OpenMP's count on the calling thread is
+//   set to Ember's thread count (one inside a parallel region), then put back: at one thread
+//   oneDNN runs on the calling thread alone. The weight gradient alone is cut into pieces of
+//   the batch, so that its bits do not depend on the count (Note [Weight gradients in pieces]).
+// - EMBER_CONV=im2col in the environment (read once), or set_conv_uses_onednn(false), sends every
+//   convolution back to im2col; EMBER_CONV=onednn (or unset) keeps oneDNN where it is built in.
+// ops/conv.cpp decides what comes here: Float32 on the CPU, not under bfloat16 products, every
+// size positive, padding oneDNN can express; everything else stays im2col.
+#include "ops/conv_dnnl.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "graph/error.h"
+
+#ifdef EMBER_HAVE_DNNL
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "graph/parallel.h"
+#include "graph/strided.h"
+#include "graph/tensor.h"
+#endif
+
+namespace ember::detail {
+
+namespace {
+
+// -1: as the environment says; 0 / 1: set by set_conv_uses_onednn.
+std::atomic<int> g_forced{-1};
+
+bool environment_allows() {
+  static const bool allows = [] {
+    const char* env = std::getenv("EMBER_CONV");
+    const std::string v = env ? env : "";
+    EMBER_CHECK(v.empty() || v == "im2col" || v == "onednn",
+                "conv: EMBER_CONV must be \"im2col\" or \"onednn\", got \"{}\"", v);
+    return v != "im2col";
+  }();
+  return allows;
+}
+
+}  // namespace
+
+bool onednn_built() {
+#ifdef EMBER_HAVE_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool conv_uses_onednn() {
+  if (!onednn_built()) return false;
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? forced == 1 : environment_allows();
+}
+
+void set_conv_uses_onednn(bool on) { g_forced.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+#ifndef EMBER_HAVE_DNNL
+
+int64_t onednn_cached_primitives() { return 0; }
+
+void onednn_conv_forward(const ConvDesc&, const float*, const float*, const float*, float*) {
+  throw Error("conv: Ember was built without oneDNN");
+}
+void onednn_conv_backward_data(const ConvDesc&, const float*, const float*, float*) {
+  throw Error("conv: Ember was built without oneDNN");
+}
+void onednn_conv_backward_weights(const ConvDesc&, const float*, const float*, float*, float*) {
+  throw Error("conv: Ember was built without oneDNN");
+}
+
+#else
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+constexpr auto f32 = memory::data_type::f32;
+
+enum class Direction { Forward, BackwardData, BackwardWeights };
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One operand of a primitive: the caller's layout, the primitive's, and the reorder between them
+// (from the caller's for an input, to it for an output) when they differ.
+struct Operand {
+  int arg = 0;
+  bool input = true;
+  memory::desc user, inner;
+  std::optional<dnnl::reorder> reorder;
+};
+
+// A primitive with its operands, in the order the run functions pass their pointers.
+struct Entry {
+  dnnl::primitive prim;
+  std::vector<Operand> operands;
+  size_t scratchpad = 0;  // bytes: the largest of the primitive's and the reorders'
+};
+
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+memory::dims dims2(const std::array<int64_t, 2>& a) { return {a[0], a[1]}; }
+
+Operand operand(int arg, bool input, const memory::desc& user, const memory::desc& inner,
+                size_t& scratchpad) {
+  Operand op{arg, input, user, inner, std::nullopt};
+  if (user != inner) {
+    const dnnl::primitive_attr attr = user_scratchpad();
+    const auto& eng = cpu_engine();
+    const dnnl::reorder::primitive_desc pd =
+        input ? dnnl::reorder::primitive_desc(eng, user, eng, inner, attr)
+              : dnnl::reorder::primitive_desc(eng, inner, eng, user, attr);
+    scratchpad = std::max(scratchpad, pd.scratchpad_desc().get_size());
+    op.reorder = dnnl::reorder(pd);
+  }
+  return op;
+}
+
+Entry make_entry(Direction dir, const ConvDesc& d) {
+  const memory::dims src_dims{d.N, d.C, d.in[0], d.in[1]}, dst_dims{d.N, d.O, d.out[0], d.out[1]};
+  const memory::dims w_dims =
+      d.G == 1 ? memory::dims{d.O, d.C, d.kernel[0], d.kernel[1]}
+               : memory::dims{d.G, d.O / d.G, d.C / d.G, d.kernel[0], d.kernel[1]};
+  const tag w_tag = d.G == 1 ? tag::oihw : tag::goihw;
+  const memory::dims strides = dims2(d.stride), pad_l = dims2(d.pad_l), pad_r = dims2(d.pad_r);
+  const memory::dims dilates{d.dilation[0] - 1, d.dilation[1] - 1};  // oneDNN counts the gaps
+  const memory::desc user_src(src_dims, f32, tag::nchw), user_dst(dst_dims, f32, tag::nchw),
+      user_w(w_dims, f32, w_tag);
+  const memory::desc any_src(src_dims, f32, tag::any), any_dst(dst_dims, f32, tag::any),
+      any_w(w_dims, f32, tag::any);
+  const memory::desc bias_md = d.bias ? memory::desc({d.O}, f32, tag::x) : memory::desc();
+  const auto& eng = cpu_engine();
+  const dnnl::primitive_attr attr = user_scratchpad();
+  const auto algo = dnnl::algorithm::convolution_direct;
+  const dnnl::convolution_forward::primitive_desc fwd(
+      {dnnl::prop_kind::forward_training, algo, any_src, any_w, bias_md, any_dst, strides, dilates,
+       pad_l, pad_r},
+      attr, eng);
+  Entry e;
+  switch (dir) {
+    case Direction::Forward: {
+      e.prim = dnnl::convolution_forward(fwd);
+      e.scratchpad = fwd.scratchpad_desc().get_size();
+      e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, fwd.src_desc(), e.scratchpad));
+      e.operands.push_back(
+          operand(DNNL_ARG_WEIGHTS, true, user_w, fwd.weights_desc(), e.scratchpad));
+      if (d.bias)
+        e.operands.push_back(operand(DNNL_ARG_BIAS, true, bias_md, bias_md, e.scratchpad));
+      e.operands.push_back(operand(DNNL_ARG_DST, false, user_dst, fwd.dst_desc(), e.scratchpad));
+      break;
+    }
+    case Direction::BackwardData: {
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          {algo, any_src, any_w, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, fwd);
+      e.prim = dnnl::convolution_backward_data(pd);
+      e.scratchpad = pd.scratchpad_desc().get_size();
+      e.operands.push_back(
+          operand(DNNL_ARG_DIFF_DST, true, user_dst, pd.diff_dst_desc(), e.scratchpad));
+      e.operands.push_back(
+          operand(DNNL_ARG_WEIGHTS, true, user_w, pd.weights_desc(), e.scratchpad));
+      e.operands.push_back(
+          operand(DNNL_ARG_DIFF_SRC, false, user_src, pd.diff_src_desc(), e.scratchpad));
+      break;
+    }
+    case Direction::BackwardWeights: {
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          {algo, any_src, any_w, bias_md, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, fwd);
+      e.prim = dnnl::convolution_backward_weights(pd);
+      e.scratchpad = pd.scratchpad_desc().get_size();
+      e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, pd.src_desc(), e.scratchpad));
+      e.operands.push_back(
+          operand(DNNL_ARG_DIFF_DST, true, user_dst, pd.diff_dst_desc(), e.scratchpad));
+      e.operands.push_back(
+          operand(DNNL_ARG_DIFF_WEIGHTS, false, user_w, pd.diff_weights_desc(), e.scratchpad));
+      if (d.bias)
+        e.operands.push_back(operand(DNNL_ARG_DIFF_BIAS, false, bias_md, bias_md, e.scratchpad));
+      break;
+    }
+  }
+  return e;
+}
+
+// The cache: every field of the convolution, the direction and the thread count.
+using Key = std::array<int64_t, 22>;
+
+Key key_of(Direction dir, const ConvDesc& d, int threads) {
+  return {static_cast<int64_t>(dir),
+          d.N,
+          d.C,
+          d.O,
+          d.G,
+          d.in[0],
+          d.in[1],
+          d.out[0],
+          d.out[1],
+          d.kernel[0],
+          d.kernel[1],
+          d.stride[0],
+          d.stride[1],
+          d.pad_l[0],
+          d.pad_l[1],
+          d.pad_r[0],
+          d.pad_r[1],
+          d.dilation[0],
+          d.dilation[1],
+          d.bias ? 1 : 0,
+          threads,
+          0};
+}
+
+// A program that convolves ever new shapes (growing sequences, say) would keep every primitive
+// it made; past this many the cache starts again.
+constexpr size_t kCacheCapacity = 1024;
+
+struct Cache {
+  std::mutex mutex;
+  std::map<Key, std::shared_ptr<const Entry> > entries;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: convolutions may run during exit
+  return *c;
+}
+
+std::shared_ptr<const Entry> entry_for(Direction dir, const ConvDesc& d, int threads) {
+  Cache& c = cache();
+  const Key key = key_of(dir, d, threads);
+  std::lock_guard lock(c.mutex);
+  auto it = c.entries.find(key);
+  if (it != c.entries.end()) return it->second;
+  if (c.entries.size() >= kCacheCapacity) c.entries.clear();
+  auto made = std::make_shared<const Entry>(make_entry(dir, d));
+  c.entries.emplace(key, made);
+  return made;
+}
+
+// OpenMP's count on this thread set to `threads` while alive (Note [Convolutions in oneDNN]).
+class OmpThreads {
+ public:
+  explicit OmpThreads(int threads) : prev_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreads() { omp_set_num_threads(prev_); }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int prev_;
+};
+
+constexpr size_t kAlign = 64;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Runs direction `dir` of d on the operands' buffers, in the order of the Entry's operands, on
+// `threads` threads (0: Ember's count, one inside a parallel region).
+void run(Direction dir, const ConvDesc& d, const std::vector<const void*>& buffers,
+         int threads = 0) {
+  if (threads <= 0) threads = omp_in_parallel() ? 1 : std::max(1, get_num_threads());
+  OmpThreads omp(threads);
+  std::shared_ptr<const Entry> e;
+  try {
+    e = entry_for(dir, d, threads);
+  } catch (const dnnl::error& err) {
+    throw Error(fmt::format("conv: oneDNN could not make a primitive: {}", err.what()));
+  }
+  // one buffer of Ember's for every reordered operand and the scratchpad
+  size_t bytes = aligned(e->scratchpad) + kAlign;
+  for (const Operand& op : e->operands)
+    if (op.reorder) bytes += aligned(op.inner.get_size());
+  const Tensor space = empty({static_cast<int64_t>(bytes / sizeof(float))}, kFloat32);
+  char* base = reinterpret_cast<char*>(space.data<float>());
+  char* next = base + (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
+  const auto take = [&](size_t n) {
+    char* p = next;
+    next += aligned(n);
+    return p;
+  };
+  const auto& eng = cpu_engine();
+  thread_local dnnl::stream stream(eng);
+  std::unordered_map<int, memory> args;
+  std::vector<std::pair<const Operand*, memory> > outputs;
+  std::optional<memory> scratch;
+  if (e->scratchpad > 0)
+    scratch.emplace(
+        memory::desc({static_cast<int64_t>(e->scratchpad)}, memory::data_type::u8, tag::x), eng,
+        take(e->scratchpad));
+  // a reorder's arguments: from, to and the scratchpad where there is one
+  const auto reorder_args = [&](const memory& from, const memory& to) {
+    std::unordered_map<int, memory> a{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    if (scratch) a[DNNL_ARG_SCRATCHPAD] = *scratch;
+    return a;
+  };
+  for (size_t i = 0; i < e->operands.size(); ++i) {
+    const Operand& op = e->operands[i];
+    memory user(op.user, eng, const_cast<void*>(buffers[i]));
+    if (!op.reorder) {
+      args[op.arg] = user;
+      continue;
+    }
+    memory inner(op.inner, eng, take(op.inner.get_size()));
+    if (op.input)
+      op.reorder->execute(stream, reorder_args(user, inner));
+    else
+      outputs.push_back({&op, user});
+    args[op.arg] = inner;
+  }
+  if (scratch) args[DNNL_ARG_SCRATCHPAD] = *scratch;
+  e->prim.execute(stream, args);
+  for (auto& [op, user] : outputs)
+    op->reorder->execute(stream, reorder_args(args.at(op->arg), user));
+  stream.wait();
+}
+
+}  // namespace
+
+int64_t onednn_cached_primitives() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  return static_cast<int64_t>(c.entries.size());
+}
+
+void onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
+                         float* y) {
+  if (d.bias)
+    run(Direction::Forward, d, {x, w, b, y});
+  else
+    run(Direction::Forward, d, {x, w, y});
+}
+
+void onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx) {
+  run(Direction::BackwardData, d, {dy, w, dx});
+}
+
+// Note [Weight gradients in pieces]
+// The weight and bias gradients sum over the batch, and oneDNN's backward-weights splits that sum
+// across its threads: its bits would depend on the thread count, which Ember's must not (a run
+// resumed on another count continues bit for bit). So the batch is cut into pieces whose number
+// depends on the batch alone (kWeightPieces, fewer for a smaller batch), each piece reduced by a
+// one-thread primitive, the pieces in parallel over Ember's threads, and their sums added in
+// order. The forward and backward-data sum within one output element, on one thread whatever
+// the count: their bits do not depend on it.
+constexpr int64_t kWeightPieces = 4;
+
+void onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
+                                  float* db) {
+  const int64_t pieces = std::min(d.N, kWeightPieces);
+  const int64_t w_size = d.O * (d.C / d.G) * d.kernel[0] * d.kernel[1], b_size = d.bias ? d.O : 0;
+  const int64_t x_image = d.C * d.in[0] * d.in[1], y_image = d.O * d.out[0] * d.out[1];
+  const Tensor parts = empty({pieces, w_size + b_size}, kFloat32);
+  float* part = parts.data<float>();
+  parallel_for(
+      pieces,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const int64_t n0 = d.N * p / pieces, n1 = d.N * (p + 1) / pieces;
+          ConvDesc piece = d;
+          piece.N = n1 - n0;
+          float* w_part = part + p * (w_size + b_size);
+          std::vector<const void*> buffers{x + n0 * x_image, dy + n0 * y_image, w_part};
+          if (d.bias) buffers.push_back(w_part + w_size);
+          run(Direction::BackwardWeights, piece, buffers, 1);
+        }
+      },
+      2);
+  const auto add_up = [&](float* out, int64_t offset, int64_t size) {
+    std::copy(part + offset, part + offset + size, out);
+    for (int64_t p = 1; p < pieces; ++p) {
+      const float* src = part + p * (w_size + b_size) + offset;
+      for (int64_t i = 0; i < size; ++i) out[i] += src[i];
+    }
+  };
+  add_up(dw, 0, w_size);
+  if (d.bias) add_up(db, w_size, b_size);
+}
+
+#endif  // EMBER_HAVE_DNNL
+
+}  // namespace ember::detail

@@ -1,0 +1,45 @@
+// oneDNN's convolution primitives (Debian's libdnnl 2.6, f32, direct kernels in its blocked
+// layouts) behind ops/conv.cpp: forward, backward-data and backward-weights on the caller's NCHW
+// tensors, with the reorders to and from oneDNN's layouts inside (Note [Convolutions in oneDNN]
+// in ops/conv_dnnl.cpp). Internal to ops/conv.cpp and its tests; no autograd, no oneDNN header.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace ember::detail {
+
+// One 2-D convolution: an image (N, C, in…) read by a weight (O, C / G, kernel…) into (N, O,
+// out…), out = (in + pad_l + pad_r - dilation·(kernel - 1) - 1) / stride + 1 in each dim. A
+// transposed convolution is the backward-data of the convolution whose image is its output.
+struct ConvDesc {
+  int64_t N = 0, C = 0, O = 0, G = 1;
+  std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad_l{0, 0}, pad_r{0, 0},
+      dilation{1, 1};
+  bool bias = false;  // forward: adds a bias (O); backward-weights: also gives its gradient
+};
+
+// Whether Ember was built with oneDNN (EMBER_HAVE_DNNL).
+bool onednn_built();
+// Whether Float32 convolutions on the CPU use oneDNN now: built with it, and not switched off by
+// the environment (EMBER_CONV=im2col, read once) or set_conv_uses_onednn(false).
+bool conv_uses_onednn();
+// Switches the oneDNN path on or off for the whole process (tests compare the two paths). On has
+// no effect where Ember was built without oneDNN.
+void set_conv_uses_onednn(bool on);
+// The primitives made so far and kept (one per convolution, direction and thread count).
+int64_t onednn_cached_primitives();
+
+// The kernels, on contiguous Float32 buffers; every size of d positive. They run on Ember's
+// thread count (one thread inside a parallel region).
+// y (N, O, out…) = conv(x (N, C, in…), w (O, C/G, kernel…)) + b (O) where d.bias.
+void onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
+                         float* y);
+// dx (N, C, in…) = the input gradient of the convolution for dy (N, O, out…).
+void onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx);
+// dw (O, C/G, kernel…) = the weight gradient for x and dy; db (O) = Σ dy over (N, out…) where
+// d.bias.
+void onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
+                                  float* db);
+
+}  // namespace ember::detail
