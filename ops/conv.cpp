@@ -420,7 +420,9 @@ Tensor conv(const Tensor& img, const Tensor& w, const Tensor& bias, const Geomet
 // dy (N, O, out…), w (O, C/G, kernel…) -> (N, C, in…).
 Tensor conv_input(const Tensor& dy, const Tensor& w, const Geometry& g) {
   const int64_t N = g.N, L = g.L(), Og = g.O / g.G, Cg = g.C / g.G, K = g.K();
-  if (const auto d = onednn_desc(dy, g, false)) {
+  // oneDNN's blocked backward-data into a single channel (a first layer's image gradient) ran
+  // at 1.5 times im2col's time (BENCHMARKS.md, "Convolution kernels"): that one stays im2col
+  if (const auto d = g.C > 1 ? onednn_desc(dy, g, false) : std::nullopt) {
     const Tensor dc = dense(dy), wc = dense(w);
     Tensor dx = empty({N, g.C, g.in[0], g.in[1]}, kFloat32);
     detail::onednn_conv_backward_data(*d, dc.data<float>(), wc.data<float>(), dx.data<float>());
