@@ -289,6 +289,44 @@ for _c in CONV_SHAPES:
     conv_layer(*_c)
 
 
+# --- One LSTM and one GRU layer over a whole sequence (input 256, hidden 256, batch 64, 32 steps),
+# as ember_bench's rnn/ rows: the forward alone and forward + backward through time.
+
+def rnn_layer(kind, cls, gates):
+    steps, batch, size = 32, 64, 256
+    flops = 2.0 * steps * batch * gates * size * (size + size)
+
+    def make(tiny, grad):
+        t, b, i, h = (3, 2, 4, 5) if tiny else (steps, batch, size, size)
+        layer = cls(i, h)
+        x = torch.rand(t, b, i) * 2 - 1
+        return layer, x.requires_grad_(grad)
+
+    @workload(f"rnn/{kind} 256x256 b64 t32 forward", flops)
+    def _(tiny):
+        layer, x = make(tiny, False)
+
+        def step():
+            with torch.no_grad():
+                layer(x)
+        return step
+
+    @workload(f"rnn/{kind} 256x256 b64 t32 fwd+bwd", 3 * flops)
+    def _(tiny):
+        layer, x = make(tiny, True)
+        grad_out = torch.rand(layer(x)[0].shape)
+
+        def step():
+            layer(x)[0].backward(grad_out)
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+        return step
+
+
+rnn_layer("lstm", nn.LSTM, 4)
+rnn_layer("gru", nn.GRU, 3)
+
+
 # --- D2L 11.2 parametric attention pooling: one epoch of training
 
 class NWKernelRegression(nn.Module):
