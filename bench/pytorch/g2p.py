@@ -10,7 +10,9 @@ The same data and recipe as Ember's trainer, so that test WER/PER and training t
     target) length, cut where count x longest would pass --batch-tokens, the batches shuffled):
     the same algorithm with Python's generator, so the same kind of batches, not the same ones;
   - the project's PyTorch Annotated Transformer (annotated_transformer.py: make_model, Batch,
-    LabelSmoothing, rate), Adam(betas 0.9/0.98, eps 1e-9) with the Noam rate, clipping at
+    LabelSmoothing, rate), or with --model bahdanau D2L's GRU encoder-decoder with additive
+    attention (d2l_bahdanau.py, as examples/g2p_bahdanau.h; defaults 2 layers of 256, dropout
+    0.2, as Ember's), Adam(betas 0.9/0.98, eps 1e-9) with the Noam rate, clipping at
     --clip, dropout; dev WER (greedy) after every epoch, the best model kept, early stopping
     after --patience epochs without a better dev WER;
   - test WER and PER with greedy decoding and with batched beam search (GNMT length penalty), as
@@ -36,6 +38,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from annotated_transformer import (Batch, LabelSmoothing, make_model, rate,  # noqa: E402
                                    subsequent_mask)
+from d2l_bahdanau import Bahdanau, bahdanau_search  # noqa: E402
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -125,6 +128,11 @@ def collate(examples, indices):
     if not examples[indices[0]][1]:
         return Batch(src, None, PAD)
     return Batch(src, pad([examples[i][1] for i in indices]), PAD)
+
+
+def source_lengths(src_mask):
+    """src_mask (B, 1, S), true on the graphemes -> the source lengths (B)."""
+    return src_mask.long().sum(-1).reshape(-1)
 
 
 def length_penalty(length, alpha):
@@ -228,8 +236,12 @@ def decode_all(model, sources, batch_tokens, beam, alpha):
     for indices in batches:
         b = collate(examples, indices)
         max_len = b.src.size(1) + 6
-        hyps = (greedy_search(model, b.src, b.src_mask, max_len) if beam == 1 else
-                beam_search(model, b.src, b.src_mask, max_len, beam, alpha))
+        if isinstance(model, Bahdanau):
+            hyps = bahdanau_search(model, b.src, source_lengths(b.src_mask), max_len, BOS, EOS,
+                                   beam, alpha)
+        else:
+            hyps = (greedy_search(model, b.src, b.src_mask, max_len) if beam == 1 else
+                    beam_search(model, b.src, b.src_mask, max_len, beam, alpha))
         for i, h in zip(indices, hyps):
             out[i] = h
     return out
@@ -263,11 +275,12 @@ def error_rates(predictions, references):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/usr/share/pocketsphinx/model/en-us/cmudict-en-us.dict")
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--model", choices=["transformer", "bahdanau"], default="transformer")
+    ap.add_argument("--layers", type=int, default=None, help="default 3; bahdanau 2")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--dropout", type=float, default=None, help="default 0.1; bahdanau 0.2")
     ap.add_argument("--smoothing", type=float, default=0.1)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--epochs", type=int, default=32)
@@ -290,6 +303,11 @@ def main():
     ap.add_argument("--autocast", action="store_true",
                     help="the whole run under torch.autocast('cpu', torch.bfloat16)")
     a = ap.parse_args()
+    bahdanau = a.model == "bahdanau"
+    if a.layers is None:
+        a.layers = 2 if bahdanau else 3
+    if a.dropout is None:
+        a.dropout = 0.2 if bahdanau else 0.1
     torch.set_num_threads(a.threads)
     torch.set_float32_matmul_precision(a.matmul_precision)
     if a.autocast:  # entered for the rest of the process
@@ -316,8 +334,11 @@ def main():
                 [[encode(p_stoi, p) for p in ps] for _, ps in words])
 
     dev, test = eval_set(dev_words), eval_set(test_words)
-    model = make_model(len(graphemes), len(phonemes), a.layers, a.d_model, a.d_ff, a.heads,
-                       a.dropout)
+    if bahdanau:
+        model = Bahdanau(len(graphemes), len(phonemes), a.d_model, a.layers, a.dropout)
+    else:
+        model = make_model(len(graphemes), len(phonemes), a.layers, a.d_model, a.d_ff, a.heads,
+                           a.dropout)
     criterion = LabelSmoothing(len(phonemes), PAD, a.smoothing)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -333,8 +354,10 @@ def main():
             start = time.perf_counter()
             b = collate(examples, indices)
             ntokens = int(b.ntokens)
-            out = model.forward(b.src, b.tgt, b.src_mask, b.tgt_mask)
-            logits = model.generator(out)
+            if bahdanau:
+                logits = model(b.src, source_lengths(b.src_mask), b.tgt).log_softmax(-1)
+            else:
+                logits = model.generator(model.forward(b.src, b.tgt, b.src_mask, b.tgt_mask))
             loss = criterion(logits.contiguous().view(-1, logits.size(-1)),
                              b.tgt_y.contiguous().view(-1)) / ntokens
             loss.backward()
