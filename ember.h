@@ -3,6 +3,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functional.h"
+#include "autograd/forward_ad.h"
 #include "autograd/gradcheck.h"
 #include "data/data.h"
 #include "graph/autograd.h"

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "autograd/engine.h"
+#include "autograd/forward_ad.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
 #include "ops/index.h"
@@ -46,6 +47,21 @@ void check_inputs(const std::vector<Tensor>& inputs) {
                   x.shape());
   }
   EMBER_CHECK(any, "gradcheck: no input requires grad");
+}
+
+// v · (J e_j) for element j of input i, by forward mode: input i made dual with the tangent e_j.
+double forward_column(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                      const std::vector<Tensor>& inputs, size_t i, int64_t j,
+                      const std::vector<double>& v) {
+  const Tensor& x = inputs[i];
+  std::vector<double> basis(x.numel(), 0.0);
+  basis[j] = 1.0;
+  autograd::forward_ad::DualLevel level;
+  std::vector<Tensor> dual = inputs;
+  dual[i] =
+      autograd::forward_ad::make_dual(x, from_vector(basis, x.shape(), x.dtype()).to(x.device()));
+  const Tensor tangent = autograd::forward_ad::unpack_dual(f(dual)).tangent;
+  return tangent.defined() ? dot(tangent, v) : 0.0;
 }
 
 }  // namespace
@@ -108,16 +124,26 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
         const double minus = dot(f(inputs), v);
         set(orig);
         const double numeric = (plus - minus) / (2 * options.eps);
-        const double err = std::abs(analytic[j] - numeric);
-        const double excess = err - (options.atol + options.rtol * std::abs(numeric));
-        result.max_abs_error = std::max(result.max_abs_error, err);
-        if (excess > worst_excess) {
-          worst_excess = excess;
-          result.message = fmt::format(
-              "input {} (shape {}) element {}: analytic {:.10g}, numeric {:.10g}, error {:.3g}", i,
-              x.shape(), j, analytic[j], numeric, err);
+        const auto compare = [&](double value, double reference, std::string_view kind) {
+          const double err = std::abs(value - reference);
+          const double excess = err - (options.atol + options.rtol * std::abs(reference));
+          result.max_abs_error = std::max(result.max_abs_error, err);
+          if (excess > worst_excess) {
+            worst_excess = excess;
+            result.message = fmt::format(
+                "input {} (shape {}) element {}: {} {:.10g} against {:.10g}, "
+                "error {:.3g}",
+                i, x.shape(), j, kind, value, reference, err);
+          }
+          if (excess > 0) result.ok = false;
+        };
+        compare(analytic[j], numeric, "analytic (backward) against numeric:");
+        if (options.check_forward_ad && projection == 0) {
+          // ⟨J e_j, v⟩ against the finite differences, and against ⟨e_j, Jᵀ v⟩ from backward
+          const double forward = forward_column(f, inputs, i, j, v);
+          compare(forward, numeric, "forward-mode against numeric:");
+          compare(forward, analytic[j], "forward-mode against backward:");
         }
-        if (excess > 0) result.ok = false;
       }
     }
   }

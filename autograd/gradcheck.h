@@ -11,6 +11,10 @@ namespace ember {
 
 struct GradcheckOptions {
   double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
+  // Also each input's columns of the Jacobian by forward mode (J e_j, one dual pass per element),
+  // projected on the same v, against the same finite differences: so a forward rule agrees with
+  // the finite differences and, through them, with the backward (torch's check_forward_ad).
+  bool check_forward_ad = false;
 };
 
 struct GradcheckResult {

@@ -28,6 +28,13 @@ int64_t live_nodes() { return g_live_nodes.load(); }
 
 Node::Node() { ++g_live_nodes; }
 
+std::vector<Tensor> Node::jvp(const std::vector<Tensor>&, const std::vector<Tensor>&,
+                              const std::vector<Tensor>&) {
+  throw Error(fmt::format("{}: forward-mode autograd has no rule for this op (a dual input's "
+                          "tangent would be lost); see Note [Forward grads] in graph/forward_ad.h",
+                          op()));
+}
+
 // A long chain of Nodes would be freed by recursive destructors and overflow the stack, so
 // each destructor hands the next Nodes it was the last owner of to one loop on this thread.
 Node::~Node() {

@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/forward_ad.h"
 #include "graph/tensor.h"
 
 namespace ember {
@@ -127,6 +128,15 @@ class Node : public std::enable_shared_from_this<Node> {
   // backward]). A Node of raw kernels keeps the default.
   virtual bool differentiable_backward() const { return false; }
 
+  // Forward mode (Note [Forward grads] in graph/forward_ad.h): the op's Jacobian times the
+  // inputs' tangents, one tangent per output (undefined: zero). tangents[i] is input i's tangent,
+  // undefined where it has none (a zero tangent); inputs and outputs are the op's own, carrying
+  // the outer levels' tangents. Written in ops, beside apply(). The default throws naming the op:
+  // an op without a rule never passes a silent zero.
+  virtual std::vector<Tensor> jvp(const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& tangents,
+                                  const std::vector<Tensor>& outputs);
+
   // Which inputs need a gradient (so a Node can skip work for the others): those with an edge,
   // less those the running backward does not reach its targets through (autograd::grad asks for
   // some inputs only; torch's task_should_compute_output).
@@ -195,13 +205,25 @@ bool any_requires_grad(std::initializer_list<Tensor> ts);
 // or an Inf. record() calls it on every output while set_detect_anomaly(true).
 void check_forward_finite(std::string_view op, const Tensor& out);
 
+namespace detail {
+// True when an op of these inputs must take forward mode's step (Note [Forward grads]).
+inline bool forward_wanted(const Tensor* inputs, size_t n) {
+  return t_fw_visible != 0 && fwd::any_visible_tangent(inputs, n);
+}
+}  // namespace detail
+
 template <class N, class... Args>
 Tensor record(std::string_view op, Tensor out, std::initializer_list<Tensor> inputs,
               Args&&... args) {
   if (is_anomaly_enabled()) [[unlikely]]
     check_forward_finite(op, out);
-  if (any_requires_grad(inputs))
-    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, out);
+  const bool forward = detail::forward_wanted(inputs.begin(), inputs.size());
+  if (any_requires_grad(inputs) || forward) {
+    auto node = make_node<N>(op, std::forward<Args>(args)...);
+    if (any_requires_grad(inputs)) connect(node, inputs, out);
+    Tensor* outputs[] = {&out};
+    if (forward) fwd::step(*node, inputs.begin(), inputs.size(), outputs, 1);
+  }
   return out;
 }
 // As record, for ops of a variable number of inputs (cat, stack).
@@ -209,8 +231,13 @@ template <class N, class... Args>
 Tensor record(std::string_view op, Tensor out, const std::vector<Tensor>& inputs, Args&&... args) {
   if (is_anomaly_enabled()) [[unlikely]]
     check_forward_finite(op, out);
-  if (any_requires_grad(inputs))
-    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, {&out});
+  const bool forward = detail::forward_wanted(inputs.data(), inputs.size());
+  if (any_requires_grad(inputs) || forward) {
+    auto node = make_node<N>(op, std::forward<Args>(args)...);
+    if (any_requires_grad(inputs)) connect(node, inputs, {&out});
+    Tensor* outputs[] = {&out};
+    if (forward) fwd::step(*node, inputs.data(), inputs.size(), outputs, 1);
+  }
   return out;
 }
 // As record, for ops with several outputs (max's values and indices: only values get a grad_fn
@@ -221,8 +248,12 @@ void record(std::string_view op, std::initializer_list<Tensor*> outputs,
             std::initializer_list<Tensor> inputs, Args&&... args) {
   if (is_anomaly_enabled()) [[unlikely]]
     for (Tensor* out : outputs) check_forward_finite(op, *out);
-  if (any_requires_grad(inputs))
-    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
+  const bool forward = detail::forward_wanted(inputs.begin(), inputs.size());
+  if (any_requires_grad(inputs) || forward) {
+    auto node = make_node<N>(op, std::forward<Args>(args)...);
+    if (any_requires_grad(inputs)) connect(node, inputs, outputs);
+    if (forward) fwd::step(*node, inputs.begin(), inputs.size(), outputs.begin(), outputs.size());
+  }
 }
 
 // As record, for ops with a variable number of outputs (split, chunk): one Node, whose output i
@@ -232,8 +263,16 @@ void record(std::string_view op, std::vector<Tensor>& outputs, std::initializer_
             Args&&... args) {
   if (is_anomaly_enabled()) [[unlikely]]
     for (const Tensor& out : outputs) check_forward_finite(op, out);
-  if (any_requires_grad(inputs))
-    connect(make_node<N>(op, std::forward<Args>(args)...), inputs, outputs);
+  const bool forward = detail::forward_wanted(inputs.begin(), inputs.size());
+  if (any_requires_grad(inputs) || forward) {
+    auto node = make_node<N>(op, std::forward<Args>(args)...);
+    if (any_requires_grad(inputs)) connect(node, inputs, outputs);
+    if (forward) {
+      std::vector<Tensor*> pointers;
+      for (Tensor& out : outputs) pointers.push_back(&out);
+      fwd::step(*node, inputs.begin(), inputs.size(), pointers.data(), pointers.size());
+    }
+  }
 }
 
 // The edge a gradient for `t` flows along: t's grad_fn, or its leaf accumulator (made on first

@@ -23,6 +23,7 @@ namespace ember {
 
 class Node;
 class Tensor;
+struct TensorImpl;
 struct MaxResult;
 struct SortResult;
 struct TopkResult;
@@ -51,6 +52,15 @@ class Storage {
   uint64_t version_ = 0;
 };
 
+// One tangent of a dual tensor (Note [Forward grads] in graph/forward_ad.h): the dual level it
+// belongs to (a process-unique id), that level's depth in its thread's stack of open levels, and
+// the tangent, of the tensor's shape and dtype.
+struct ForwardGrad {
+  uint64_t level;
+  uint32_t depth;
+  std::shared_ptr<TensorImpl> tangent;
+};
+
 struct TensorImpl {
   TensorImpl(std::shared_ptr<Storage> storage, int64_t offset, Shape shape, Shape strides,
              DType dtype);
@@ -74,6 +84,8 @@ struct TensorImpl {
   // Run by backward once it has accumulated this leaf's gradient into `grad`
   // (set_post_accumulate_grad_hook in graph/autograd.h); empty for almost every tensor.
   std::function<void(const Tensor&)> post_accumulate_grad_hook;
+  // forward-mode autograd: one tangent per dual level, outermost first; empty unless dual
+  std::vector<ForwardGrad> forward_grads;
 };
 
 // Number of TensorImpls alive now (the leak tests count them).

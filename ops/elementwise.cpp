@@ -120,9 +120,14 @@ Tensor arith(const Tensor& a, const Tensor& b, std::string_view op, Integral int
 namespace {
 
 // c = a + b:  dA = dC,  dB = dC  (the engine sums over broadcast dims)
+// Forward: dC = dA + dB, broadcast to C's shape.
 struct AddBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0], grads[0]}; }
   bool differentiable_backward() const override { return true; }
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {fwd::broadcast_tangent(fwd::add_tangents(t[0], t[1]), out[0].shape())};
+  }
 };
 
 }  // namespace
@@ -140,6 +145,12 @@ struct SubBackward final : Node {
     return {grads[0], needs_grad(1) ? neg(grads[0]) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA - dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor d = !t[1].defined() ? t[0] : !t[0].defined() ? neg(t[1]) : sub(t[0], t[1]);
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
 };
 
 }  // namespace
@@ -159,6 +170,14 @@ struct AddAlphaBackward final : Node {
     return {grads[0], needs_grad(1) ? mul(grads[0], alpha_) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA + alpha · dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor d = !t[1].defined()   ? t[0]
+                     : !t[0].defined() ? mul(t[1], alpha_)
+                                       : add(t[0], t[1], alpha_);
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   double alpha_;
 };
 
@@ -218,6 +237,13 @@ struct MulBackward final : Node {
             needs_grad(1) ? mul(g, a_.get()) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA b + a dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor d = fwd::add_tangents(t[0].defined() ? mul(t[0], in[1]) : Tensor(),
+                                       t[1].defined() ? mul(in[0], t[1]) : Tensor());
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   SavedTensor a_, b_;
 };
 
@@ -254,6 +280,14 @@ struct DivBackward final : Node {
     return {needs_grad(0) ? div(g, b_.get()) : Tensor(), grad_b};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = (dA - c dB) / b
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor num = !t[1].defined()   ? t[0]
+                       : !t[0].defined() ? neg(mul(out[0], t[1]))
+                                         : sub(t[0], mul(out[0], t[1]));
+    return {fwd::broadcast_tangent(div(num, in[1]), out[0].shape())};
+  }
   SavedTensor a_, b_;
 };
 
@@ -296,6 +330,11 @@ struct ScaleBackward final : Node {
     return {scale_ == 1.0 ? grads[0] : mul(grads[0], scale_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX * scale
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {scale_ == 1.0 ? t[0] : mul(t[0], scale_)};
+  }
   double scale_;
 };
 
@@ -349,6 +388,11 @@ struct RdivBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = -dX y / x
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {div(mul(neg(t[0]), out[0]), in[0])};
+  }
   SavedTensor x_, y_;
 };
 
@@ -390,7 +434,7 @@ template <class D, class O>
 struct UnaryBackward final : Node {
   static constexpr bool kInOps = !std::is_same_v<O, std::nullptr_t>;
   UnaryBackward(const Tensor& saved, bool is_output, D derivative, O ops_derivative)
-      : derivative_(derivative), ops_derivative_(ops_derivative) {
+      : derivative_(derivative), ops_derivative_(ops_derivative), is_output_(is_output) {
     is_output ? save_output(saved_, saved) : save(saved_, saved);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
@@ -403,8 +447,17 @@ struct UnaryBackward final : Node {
     })};
   }
   bool differentiable_backward() const override { return kInOps; }
+  // Forward: dY = derivative(dX, x or y), the backward's formula (the Jacobian is diagonal)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    if constexpr (kInOps)
+      return {ops_derivative_(t[0], is_output_ ? out[0] : in[0])};
+    else
+      return Node::jvp(in, t, out);
+  }
   D derivative_;
   O ops_derivative_;
+  bool is_output_;
   SavedTensor saved_;
 };
 
@@ -452,6 +505,16 @@ struct AffineProductBackward final : Node {
             needs_grad(2) && f_.alpha != 0 ? affine_product(dz, a, b, {f_.alpha, 0}) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dZ = op(dA, b, c) + op(a, dB, c) + dC a b alpha
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor d;
+    if (t[0].defined()) d = affine_product(t[0], in[1], in[2], f_);
+    if (t[1].defined()) d = fwd::add_tangents(d, affine_product(in[0], t[1], in[2], f_));
+    if (t[2].defined() && f_.alpha != 0)
+      d = fwd::add_tangents(d, affine_product(in[0], in[1], t[2], {f_.alpha, 0}));
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   Affine f_;
   SavedTensor a_, b_, c_;
 };
@@ -499,6 +562,14 @@ struct DerivativeBackward final : Node {
             d2_ && needs_grad(1) ? affine_product(dz, g_.get(), s, *d2_) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dZ = k(dG, s) + dS g d'(s)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor d;
+    if (t[0].defined()) d = derivative_op(op(), code_, t[0], in[1], k_, d2_);
+    if (t[1].defined() && d2_) d = fwd::add_tangents(d, affine_product(t[1], in[0], in[1], *d2_));
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   kn::Op code_;
   K k_;
   std::optional<Affine> d2_;
@@ -743,6 +814,14 @@ struct ClampBackward final : Node {
     })};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX where lo <= x <= hi, else 0
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor& x = in[0];
+    Tensor inside = lo_ ? ge(x, *lo_) : Tensor();
+    if (hi_) inside = inside.defined() ? logical_and(inside, le(x, *hi_)) : le(x, *hi_);
+    return {masked_fill(t[0], logical_not(inside), 0.0)};
+  }
   std::optional<double> lo_, hi_;
   SavedTensor x_;
 };
@@ -811,6 +890,17 @@ struct ExtremumBackward final : Node {
     });
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA where a wins, dB where b wins, (dA + dB) / 2 at ties
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor &a = in[0], &b = in[1];
+    const Tensor tie = eq(a, b);
+    const auto part = [&](const Tensor& d, const Tensor& x, const Tensor& y) {
+      return d.defined() ? masked_fill(where(tie, mul(d, 0.5), d), Max ? lt(x, y) : gt(x, y), 0.0)
+                         : Tensor();
+    };
+    return {fwd::add_tangents(part(t[0], a, b), part(t[1], b, a))};
+  }
   SavedTensor a_, b_;
 };
 
@@ -1003,6 +1093,13 @@ struct WhereBackward final : Node {
     });
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = cond ? dA : dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {
+        where(cond_.get(), fwd::tangent_or_zeros(t[1], in[1]), fwd::tangent_or_zeros(t[2], in[2]))
+            .expand(out[0].shape())};
+  }
   SavedTensor cond_;
 };
 
@@ -1054,6 +1151,11 @@ struct MaskedFillBackward final : Node {
     })};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = mask ? 0 : dX
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {masked_fill(t[0], mask_.get(), 0.0)};
+  }
   SavedTensor mask_;
 };
 
@@ -1115,13 +1217,56 @@ void check_result_fits(const Tensor& self, DType result, std::string_view op) {
               self.dtype());
 }
 
-template <class F>
-Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, DeviceOp d, F f) {
+// Note [Forward grads of in-place ops]
+// An in-place op on a dual tensor, or with a dual operand, first updates self's tangent at each
+// visible level, innermost first, so that each level's rule reads the old values of self and of
+// its outer tangents (Note [Forward grads] in graph/forward_ad.h); then it writes self. A tangent
+// self has is written in place (copy_), so the views sharing it see the change; self without one
+// gets a new tensor (as does a tangent that cannot be written: an expanded view, or one in a
+// reverse-mode graph). `rule(self_tangent, operand_tangents)` gives the new tangent of self,
+// broadcastable to its shape, undefined for zero; returning self_tangent itself changes nothing.
+template <class Rule>
+void update_tangents(const Tensor& self, std::initializer_list<Tensor> operands, Rule rule) {
+  std::vector<Tensor> all{self};
+  all.insert(all.end(), operands.begin(), operands.end());
+  if (!detail::forward_wanted(all.data(), all.size())) return;
+  for (uint32_t depth = detail::t_fw_visible; depth-- > 0;) {
+    Tensor own = fwd::tangent(self, depth);
+    std::vector<Tensor> theirs;
+    bool any = own.defined();
+    for (const Tensor& x : operands) {
+      theirs.push_back(fwd::tangent(x, depth));
+      any = any || theirs.back().defined();
+    }
+    if (!any) continue;
+    fwd::VisibleLevels scope(depth);
+    const Tensor next = rule(own, theirs);
+    if (next.defined() && next.same(own)) continue;
+    if (own.defined() && !has_internal_overlap(own) &&
+        !(is_grad_enabled() && own.requires_grad())) {
+      if (next.defined())
+        own.copy_(next);
+      else
+        own.zero_();
+    } else if (next.defined()) {
+      Tensor fresh = zeros(self.shape(), self.dtype(), self.device());
+      fresh.copy_(next);
+      fwd::set_tangent(self, depth, fresh);
+    } else {
+      fwd::clear_tangent(self, depth);
+    }
+  }
+}
+
+template <class F, class Rule>
+Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, DeviceOp d, F f,
+                       Rule rule) {
   check_inplace(self, op);
   check_no_internal_overlap(self, op);
   check_inplace_operand(self, other, op);
   check_same_device(self, other, op);
   check_result_fits(self, arith_type(self, other, Integral::Keep), op);
+  update_tangents(self, {other}, rule);
   if (!on_cpu(self)) {
     elementwise_on_device(self, d.code, self.dtype(), {self, other}, op, d.p0, d.p1);
   } else {
@@ -1134,20 +1279,30 @@ Tensor& inplace_binary(Tensor& self, const Tensor& other, std::string_view op, D
 
 }  // namespace
 
+// Forward rules (Note [Forward grads of in-place ops]): add_ dS += alpha dO; mul_ dS = dS o + s dO.
 Tensor& Tensor::add_(const Tensor& other) {
-  return inplace_binary(*this, other, "add_", {kn::Op::Add},
-                        []<class T>(T a, T b) { return wrapping_add(a, b); });
+  return inplace_binary(
+      *this, other, "add_", {kn::Op::Add}, []<class T>(T a, T b) { return wrapping_add(a, b); },
+      [](const Tensor& own, const std::vector<Tensor>& t) { return fwd::add_tangents(own, t[0]); });
 }
 // torch's add_(other, alpha=): self += alpha · other in one pass.
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_defined(*this, "add_");
   check_defined(other, "add_");
   check_alpha(arith_type(*this, other, Integral::Keep), alpha, alpha, *this, other, "add_");
-  return inplace_binary(*this, other, "add_", {kn::Op::AddScaled, alpha}, scaled_sum(alpha));
+  return inplace_binary(*this, other, "add_", {kn::Op::AddScaled, alpha}, scaled_sum(alpha),
+                        [alpha](const Tensor& own, const std::vector<Tensor>& t) {
+                          return fwd::add_tangents(own,
+                                                   t[0].defined() ? ember::mul(t[0], alpha) : t[0]);
+                        });
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  return inplace_binary(*this, other, "mul_", {kn::Op::Mul},
-                        []<class T>(T a, T b) { return wrapping_mul(a, b); });
+  return inplace_binary(
+      *this, other, "mul_", {kn::Op::Mul}, []<class T>(T a, T b) { return wrapping_mul(a, b); },
+      [&](const Tensor& own, const std::vector<Tensor>& t) {
+        return fwd::add_tangents(own.defined() ? ember::mul(own, other) : own,
+                                 t[0].defined() ? ember::mul(*this, t[0]) : t[0]);
+      });
 }
 // The scalar has the dtype `self op value` has (a whole value is integral: Note in scalar_type).
 Tensor& Tensor::add_(double value) {
@@ -1165,6 +1320,8 @@ Tensor& inplace_copy(Tensor& self, const Tensor& src, std::string_view op) {
   check_inplace(self, op);
   if (op == "copy_") check_no_internal_overlap(self, op);
   check_inplace_operand(self, src, op);
+  // Forward: the tangent becomes src's (zero for zero_ and fill_)
+  update_tangents(self, {src}, [](const Tensor&, const std::vector<Tensor>& t) { return t[0]; });
   // From another device: the source moved to self's (one copy of its values), then written
   // there by self's strided copy kernel.
   copy_into(self, src.device() == self.device() ? src : src.detach().to(self.device()));
@@ -1187,6 +1344,9 @@ Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
   check_no_internal_overlap(*this, op);
   check_mask(*this, mask, op);
   check_same_device(*this, mask, op);
+  update_tangents(*this, {}, [&](const Tensor& own, const std::vector<Tensor>&) {
+    return ember::masked_fill(own, mask, 0.0);
+  });
   if (!on_cpu(*this)) {
     elementwise_on_device(*this, kn::Op::MaskedFill, dtype(), {*this, mask}, op, value);
   } else {

@@ -77,6 +77,11 @@ struct ReshapeBackward final : Node {
     return {reshape(grads[0], input_shapes[0])};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = reshape(dX, y.shape), a view of the tangent where its strides allow
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {reshape(t[0], out[0].shape())};
+  }
 };
 
 }  // namespace
@@ -144,6 +149,13 @@ struct PermuteBackward final : Node {
     return {permute(grads[0], inverse_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = permute(dX, dims), dims the inverse's inverse
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    std::vector<int64_t> dims(inverse_.size());
+    for (size_t d = 0; d < dims.size(); ++d) dims[inverse_[d]] = static_cast<int64_t>(d);
+    return {permute(t[0], dims)};
+  }
   std::vector<int64_t> inverse_;
 };
 
@@ -186,6 +198,11 @@ namespace {
 struct ExpandBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = expand(dX)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {expand(t[0], out[0].shape())};
+  }
 };
 
 }  // namespace
@@ -232,6 +249,9 @@ struct SliceBackwardBackward final : Node {
     return {slice(grads[0], dim_, start_, start_ + input_shapes[0][dim_] * step_, step_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the op again on the tangent (it is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override;
   int64_t dim_, start_, step_;
 };
 
@@ -244,8 +264,14 @@ Tensor slice_backward(const Tensor& g, const Shape& shape, int64_t dim, int64_t 
                       int64_t step) {
   Tensor grad_x = zeros(shape, g.dtype(), g.device());
   copy_into(slice_view(grad_x, dim, start, g.size(dim), step), g);
-  if (!is_grad_enabled()) return grad_x;
+  if (!is_grad_enabled() && !detail::forward_wanted(&g, 1)) return grad_x;
   return record<SliceBackwardBackward>("slice_backward", grad_x, {g}, dim, start, step);
+}
+
+std::vector<Tensor> SliceBackwardBackward::jvp(const std::vector<Tensor>&,
+                                               const std::vector<Tensor>& t,
+                                               const std::vector<Tensor>& out) {
+  return {slice_backward(t[0], out[0].shape(), dim_, start_, step_)};
 }
 
 // y = x[..., start:start+length, ...]:  dX = zeros with dY written into that slice
@@ -260,6 +286,11 @@ struct NarrowBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = narrow(dX), a view of the tangent
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {narrow(t[0], dim_, start_, out[0].size(dim_))};
+  }
   int64_t dim_, start_;
 };
 
@@ -293,6 +324,11 @@ struct SelectBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = select(dX), a view of the tangent
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {select(t[0], dim_, index_)};
+  }
   int64_t dim_, index_;
 };
 
@@ -304,6 +340,11 @@ struct SliceBackward final : Node {
     return {slice_backward(grads[0], input_shapes[0], dim_, start_, step_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = slice(dX), a view of the tangent
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {slice(t[0], dim_, start_, start_ + out[0].size(dim_) * step_, step_)};
+  }
   int64_t dim_, start_, step_;
 };
 
@@ -323,6 +364,20 @@ struct SplitBackwardBackward final : Node {
     return grad_pieces;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the op again on the tangents that came (it is linear in each piece)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor y = zeros(out[0].shape(), out[0].dtype(), out[0].device());
+    std::vector<Tensor> given;
+    std::vector<int64_t> starts, sizes;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (!t[i].defined()) continue;
+      copy_into(narrow_view(y, dim_, starts_[i], sizes_[i]), t[i]);
+      given.push_back(t[i]), starts.push_back(starts_[i]), sizes.push_back(sizes_[i]);
+    }
+    return {record<SplitBackwardBackward>("split_backward", y, given, dim_, std::move(starts),
+                                          std::move(sizes))};
+  }
   int64_t dim_;
   std::vector<int64_t> starts_, sizes_;
 };
@@ -357,6 +412,17 @@ struct SplitBackward final : Node {
                                           std::move(sizes))};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: each piece's tangent is that piece of the tangent (a view of it)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    std::vector<Tensor> pieces;
+    int64_t start = 0;
+    for (int64_t length : sizes_) {
+      pieces.push_back(narrow(t[0], dim_, start, length));
+      start += length;
+    }
+    return pieces;
+  }
   int64_t dim_;
   std::vector<int64_t> sizes_;
 };

@@ -3,6 +3,8 @@
 //   - gradcheck in Float64 on three layouts (contiguous leaves, transposed views with dims 0 and -1
 //     swapped, narrowed views of wider leaves) and, with several inputs, the first one transposed
 //     and the others contiguous; then with each floating input alone needing grad;
+//   - forward mode (check_forward_gradients): the Jacobian's columns by dual passes against the
+//     finite differences and the backward, on the same layouts;
 //   - gradgradcheck (check_gradgradients) on the same layouts, and the first derivatives under
 //     create_graph against the fused kernels' (check_create_graph_gradients);
 //   - the PyTorch golden comparison (tests/golden/op_tables.json): the value in Float64 (tight)
@@ -210,6 +212,20 @@ inline void gradcheck_row(const OpCase& c) {
     for (size_t i = 0; i < one.size(); ++i)
       if (i != k) one[i] = inputs[i].detach();
     check_gradient(c.f, one, fmt::format("{} (grad of input {} only)", c.name, k));
+  }
+}
+
+// Forward mode on one row's layouts: gradcheck with check_forward_ad, each input's Jacobian
+// columns by dual passes against the finite differences and against the backward.
+inline void forward_row(const OpCase& c) {
+  manual_seed(seed_of(c.name) + 5);
+  GradcheckOptions options;
+  options.check_forward_ad = true;
+  for (Layout layout : layouts(c)) {
+    const LaidOut row = lay_out(c, layout);
+    const GradcheckResult r = gradcheck(row.through_views, row.leaves, options);
+    BOOST_TEST(r.ok, fmt::format("{} ({}) forward mode: ", c.name, layout_name(layout))
+                         << r.message);
   }
 }
 
@@ -483,6 +499,14 @@ inline void check_gradgradients(const OpTable& table) {
   detail::for_rows(
       table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
       detail::gradgradcheck_row);
+}
+
+// Forward-mode rules of every row gradcheck checks (detail::forward_row; Note [Forward grads] in
+// graph/forward_ad.h).
+inline void check_forward_gradients(const OpTable& table) {
+  detail::for_rows(
+      table, [](const OpCase& c) { return c.differentiable() && !(c.flags & kNoGradcheck); },
+      detail::forward_row);
 }
 
 // The create_graph gradients of every row gradcheck checks equal the fused kernels'

@@ -127,6 +127,7 @@ BOOST_AUTO_TEST_SUITE(test_elementwise)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kElementwiseOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kElementwiseOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) {
   check_create_graph_gradients(kElementwiseOps);
 }
