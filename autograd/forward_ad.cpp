@@ -30,8 +30,8 @@ DualLevel::~DualLevel() { fwd::close_level(depth_); }
 
 Tensor make_dual(const Tensor& primal, const Tensor& tangent) {
   constexpr std::string_view op = "make_dual";
-  EMBER_CHECK(primal.defined() && tangent.defined(),
-              "{}: the primal and the tangent must be defined", op);
+  EMBER_CHECK(primal.defined() && tangent.defined(), "{}: the primal or the tangent is undefined",
+              op);
   EMBER_CHECK(fwd::open_levels() > 0,
               "{}: no dual level is open (make an autograd::forward_ad::DualLevel first)", op);
   EMBER_CHECK(is_floating(primal.dtype()), "{}: the primal is {}, expected a floating dtype", op,

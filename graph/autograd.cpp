@@ -30,9 +30,10 @@ Node::Node() { ++g_live_nodes; }
 
 std::vector<Tensor> Node::jvp(const std::vector<Tensor>&, const std::vector<Tensor>&,
                               const std::vector<Tensor>&) {
-  throw Error(fmt::format("{}: forward-mode autograd has no rule for this op (a dual input's "
-                          "tangent would be lost); see Note [Forward grads] in graph/forward_ad.h",
-                          op()));
+  throw Error(
+      fmt::format("{}: forward-mode autograd has no rule for this op (a dual input's "
+                  "tangent would be lost); see Note [Forward grads] in graph/forward_ad.h",
+                  op()));
 }
 
 // A long chain of Nodes would be freed by recursive destructors and overflow the stack, so
@@ -57,6 +58,7 @@ Node::~Node() {
 void Node::save(SavedTensor& slot, const Tensor& t) {
   if (t.defined()) {
     slot.data_ = t.requires_grad() ? t : t.detach();
+    if (!t.requires_grad()) fwd::copy_tangents(t, slot.data_);  // detach dropped them
     slot.version_ = t.impl()->storage->version();
   }
   saved_.push_back(&slot);
@@ -80,7 +82,14 @@ Tensor SavedTensor::as_output() const {
   impl->requires_grad = true;
   impl->grad_fn = output_of_->shared_from_this();
   impl->output_nr = output_nr_;
+  fwd::copy_tangents(data_, out);
   return out;
+}
+
+void Node::give_saved_output_tangent(uint32_t output_nr, uint32_t depth, const Tensor& tangent) {
+  for (SavedTensor* s : saved_)
+    if (s->output_of_ == this && s->output_nr_ == output_nr && s->data_.defined())
+      fwd::set_tangent(s->data_, depth, tangent);
 }
 
 void Node::check_saved() const {

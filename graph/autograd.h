@@ -153,6 +153,10 @@ class Node : public std::enable_shared_from_this<Node> {
     return input < 64 && (detail::t_graph_only_inputs >> input & 1);
   }
 
+  // Forward mode's bookkeeping: the Node's saved copies of output `output_nr` get its tangent
+  // at depth `depth` (Note [Forward grads] in graph/forward_ad.h).
+  void give_saved_output_tangent(uint32_t output_nr, uint32_t depth, const Tensor& tangent);
+
   // Engine bookkeeping.
   void check_saved() const;  // throws when freed or a saved tensor changed in place
   void release_saved();

@@ -94,6 +94,13 @@ void set_tangent(const Tensor& t, uint32_t depth, const Tensor& tangent) {
   t_levels[depth].dual.push_back(t.impl_ptr());
 }
 
+void copy_tangents(const Tensor& from, const Tensor& to) {
+  if (!from.defined() || from.impl()->forward_grads.empty() || from.same(to)) return;
+  const std::vector<ForwardGrad> grads = from.impl()->forward_grads;
+  for (const ForwardGrad& g : grads)
+    if (alive(g)) set_tangent(to, g.depth, Tensor(g.tangent));
+}
+
 void clear_tangent(const Tensor& t, uint32_t depth) {
   if (t.defined())
     std::erase_if(t.impl()->forward_grads, [&](const ForwardGrad& g) { return g.depth == depth; });
@@ -139,6 +146,7 @@ void step(Node& node, const Tensor* inputs, size_t n, Tensor* const* outputs, si
         t = t.clone();
       }
       set_tangent(out[k], depth, t);
+      node.give_saved_output_tangent(static_cast<uint32_t>(k), depth, t);
     }
   }
 }

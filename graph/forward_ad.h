@@ -33,7 +33,9 @@
 //   - An op whose Node has no jvp() throws naming the op (Node::jvp), never a silent zero. Ops
 //     without a gradient (comparisons, indices) make no Node and no tangent: their result is
 //     constant.
-//   - detach() drops the tangents (torch's too).
+//   - detach() drops the tangents (torch's too). A Node's saved tensors keep them (they are the
+//     op's inputs and outputs, and its backward's ops run on them under forward over reverse):
+//     Node::save copies an input's, and step() gives a saved output the output's.
 #pragma once
 
 #include <cstddef>
@@ -64,6 +66,8 @@ void close_level(uint32_t depth);
 Tensor tangent(const Tensor& t, uint32_t depth);
 // Gives t the tangent at depth `depth` (replacing one it has); tangent has t's shape and dtype.
 void set_tangent(const Tensor& t, uint32_t depth, const Tensor& tangent);
+// Gives `to` (an alias of `from`'s data: a saved tensor) every live tangent `from` has.
+void copy_tangents(const Tensor& from, const Tensor& to);
 // Removes t's tangent at depth `depth`, if any.
 void clear_tangent(const Tensor& t, uint32_t depth);
 
