@@ -18,6 +18,15 @@ namespace ember {
 
 namespace {
 
+// w with its padding row zeroed (a constant 0 on that row, 1 elsewhere), in ops; w itself when
+// there is none.
+Tensor without_padding_row(const Tensor& w, int64_t padding_idx) {
+  if (padding_idx < 0) return w;
+  Tensor rows = ones({w.size(0), 1}, w.dtype(), w.device());
+  rows.narrow(0, padding_idx, 1).fill_(0.0);
+  return mul(w, rows);
+}
+
 // dW = embedding_backward(dOut) (below) adds row k of dOut into row indices[k] of zeros:
 //   d(dOut)[k, :] = ddW[indices[k], :], zeros where indices[k] is the padding row
 // which is embedding's forward again, of ddW with its padding row zeroed.
@@ -27,15 +36,12 @@ struct EmbeddingBackwardBackward final : Node {
     save(indices_, indices);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    Tensor gg = grads[0];
-    if (padding_idx_ >= 0) {  // a constant 0 on the padding row, 1 elsewhere
-      Tensor rows = ones({gg.size(0), 1}, gg.dtype(), gg.device());
-      rows.narrow(0, padding_idx_, 1).fill_(0.0);
-      gg = mul(gg, rows);
-    }
-    return {embedding(gg, indices_.get())};
+    return {embedding(without_padding_row(grads[0], padding_idx_), indices_.get())};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: d(dW) = embedding_backward(d(dOut)) (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override;
   SavedTensor indices_;
   int64_t padding_idx_;  // -1: none
 };
@@ -70,8 +76,15 @@ Tensor embedding_backward(const Tensor& g, const Tensor& indices, const Shape& w
       }
     });
   }
-  if (!is_grad_enabled()) return grad_w;  // a first-order backward: nothing to record or check
+  // a first-order backward without tangents: nothing to record or check
+  if (!is_grad_enabled() && !detail::forward_wanted(&g, 1)) return grad_w;
   return record<EmbeddingBackwardBackward>(op, grad_w, {g}, indices, padding_idx);
+}
+
+std::vector<Tensor> EmbeddingBackwardBackward::jvp(const std::vector<Tensor>&,
+                                                   const std::vector<Tensor>& t,
+                                                   const std::vector<Tensor>& out) {
+  return {embedding_backward(t[0], indices_.get(), out[0].shape(), padding_idx_)};
 }
 
 // out[k, :] = weight[indices[k], :]:  dWeight = embedding_backward(dOut)
@@ -83,6 +96,12 @@ struct EmbeddingBackward final : Node {
     return {embedding_backward(grads[0], indices_.get(), input_shapes[0], padding_idx_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = embedding(dWeight) with the padding row's tangent zeroed: the padding row
+  // is held constant, as the backward gives it no gradient (torch's forward mode passes it)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {embedding(without_padding_row(t[0], padding_idx_), indices_.get())};
+  }
   SavedTensor indices_;
   int64_t padding_idx_;  // -1: none
 };

@@ -57,6 +57,13 @@ struct RepeatBackward final : Node {
     return {reshape(summed, input_shapes[0])};
   }
   bool differentiable_backward() const override { return true; }  // reshape and sum are ops
+  // Forward: dY = repeat(dX) (the op is linear), the repeats at the tiled shape's even dims
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    std::vector<int64_t> repeats;
+    for (size_t d = 0; d < tiled_.size(); d += 2) repeats.push_back(tiled_[d]);
+    return {repeat(t[0], repeats)};
+  }
   Shape tiled_;
 };
 
@@ -103,6 +110,11 @@ struct RepeatInterleaveBackward final : Node {
     return {sum(reshape(grads[0], split_), {dim_ + 1})};
   }
   bool differentiable_backward() const override { return true; }  // reshape and sum are ops
+  // Forward: dY = repeat_interleave(dX, r, dim) (the op is linear), r the split shape's dim + 1
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {repeat_interleave(t[0], split_[dim_ + 1], dim_)};
+  }
   Shape split_;
   int64_t dim_;
 };
@@ -186,6 +198,13 @@ struct CatBackward final : Node {
     return grad_inputs;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = cat (or stack) of the inputs' tangents, zeros for those without one
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    std::vector<Tensor> tangents(in.size());
+    for (size_t i = 0; i < in.size(); ++i) tangents[i] = fwd::tangent_or_zeros(t[i], in[i]);
+    return {sizes_.empty() ? stack(tangents, dim_) : cat(tangents, dim_)};
+  }
   int64_t dim_;
   std::vector<int64_t> sizes_;
 };
@@ -296,6 +315,9 @@ struct IndexAddBackward final : Node {
     return {index_select(grads[0], dim_, index_.get())};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = index_add into zeros of dG (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override;
   int64_t dim_;
   SavedTensor index_;
 };
@@ -315,7 +337,7 @@ Tensor index_add_zeros(const Tensor& g, int64_t dim, const Tensor& index, const 
   if (!g.device().is_cpu()) {
     index_on_device(cuda::kernels::IndexOp::ScatterAdd, g, out, dim,
                     along_dim(index, g.shape(), dim), op);
-    if (!is_grad_enabled()) return out;
+    if (!is_grad_enabled() && !detail::forward_wanted(&g, 1)) return out;
     return record<IndexAddBackward>(op, out, {g}, dim, index);
   }
   const int64_t* idx = index.data<int64_t>();
@@ -329,8 +351,14 @@ Tensor index_add_zeros(const Tensor& g, int64_t dim, const Tensor& index, const 
       for (int64_t k = 0; k < k_count; ++k) po[off[0] + idx[k] * so] += pg[off[1] + k * sg];
     });
   });
-  if (!is_grad_enabled()) return out;  // a first-order backward: the kernel alone
+  // a first-order backward without tangents: the kernel alone
+  if (!is_grad_enabled() && !detail::forward_wanted(&g, 1)) return out;
   return record<IndexAddBackward>(op, out, {g}, dim, index);
+}
+
+std::vector<Tensor> IndexAddBackward::jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                                          const std::vector<Tensor>& out) {
+  return {index_add_zeros(t[0], dim_, index_.get(), out[0].shape())};
 }
 
 // y = x[..., idx, ...] along dim:  dX[..., idx[k], ...] += dY[..., k, ...] (repeats accumulate),
@@ -341,6 +369,11 @@ struct IndexSelectBackward final : Node {
     return {index_add_zeros(grads[0], dim_, index_.get(), input_shapes[0])};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = index_select(dX, dim, index) (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {index_select(t[0], dim_, index_.get())};
+  }
   int64_t dim_;
   SavedTensor index_;
 };
@@ -506,6 +539,12 @@ struct GatherBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = gather(dX, dim, index) (the op is linear), in out's shape (a 0-d index is
+  // kept as shape [1])
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {reshape(gather(t[0], dim_, index_.get()), out[0].shape())};
+  }
   int64_t dim_;
   SavedTensor index_;
 };
@@ -545,6 +584,13 @@ struct ScatterAddBackward final : Node {
     return {needs_grad(0) ? g : Tensor(), grad_src};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = scatter_add(dX, dim, index, dSrc) (the op is linear in both), dX alone
+  // where src has no tangent
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    if (!t[1].defined()) return {t[0]};
+    return {scatter_add(fwd::tangent_or_zeros(t[0], out[0]), dim_, index_.get(), t[1])};
+  }
   int64_t dim_;
   SavedTensor index_;
 };
@@ -608,6 +654,9 @@ struct MaskedScatterBackward final : Node {
     return {masked_select(grads[0], mask_.get())};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dOut = masked_scatter into zeros of dG (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override;
   SavedTensor mask_;
 };
 
@@ -626,8 +675,15 @@ Tensor masked_scatter_zeros(const Tensor& g, const Tensor& mask, const Shape& sh
         if (pm[off[1] + i * st[1]]) po[off[0] + i * st[0]] = pg[sg * k++];
     });
   });
-  if (!is_grad_enabled()) return out;  // a first-order backward: the kernel alone
+  // a first-order backward without tangents: the kernel alone
+  if (!is_grad_enabled() && !detail::forward_wanted(&g, 1)) return out;
   return record<MaskedScatterBackward>(op, out, {g}, mask);
+}
+
+std::vector<Tensor> MaskedScatterBackward::jvp(const std::vector<Tensor>&,
+                                               const std::vector<Tensor>& t,
+                                               const std::vector<Tensor>& out) {
+  return {masked_scatter_zeros(t[0], mask_.get(), out[0].shape())};
 }
 
 // y = x[mask] (x and mask broadcast to one shape, read in row-major order):
@@ -641,6 +697,11 @@ struct MaskedSelectBackward final : Node {
     return {masked_scatter_zeros(grads[0], mask_.get(), shape_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = masked_select(dX, mask) (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {masked_select(t[0], mask_.get())};
+  }
   Shape shape_;
   SavedTensor mask_;
 };
@@ -746,6 +807,11 @@ struct TriangleBackward final : Node {
     return {triangle(grads[0], diagonal_, upper_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = triu/tril(dX) (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {upper_ ? triu(t[0], diagonal_) : tril(t[0], diagonal_)};
+  }
   int64_t diagonal_;
   bool upper_;
 };
@@ -834,6 +900,11 @@ struct SortBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dValues = gather(dX, dim, indices)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {gather(t[0], dim_, indices_.get())};
+  }
   int64_t dim_;
   SavedTensor indices_;
 };

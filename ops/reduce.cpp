@@ -202,6 +202,15 @@ struct SumBackward final : Node {
     return {expand_reduced(g, input_shapes[0], reduce_, keepdim_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = sum(dX over dims), reshaped to y's shape (sum_to's output drops leading dims)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < reduce_.size(); ++d)
+      if (reduce_[d]) dims.push_back(static_cast<int64_t>(d));
+    if (dims.empty() && !reduce_.empty()) return {reshape(t[0], out[0].shape())};
+    return {reshape(sum(t[0], dims, keepdim_), out[0].shape())};
+  }
   std::vector<bool> reduce_;
   bool keepdim_;
 };
@@ -258,6 +267,12 @@ struct StdBackward final : Node {
     })};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dV / (2 y), 0 where y is 0 (the backward's convention)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor zero = eq(out[0], 0.0);
+    return {masked_fill(div(t[0], mul(masked_fill(out[0], zero, 1.0), 2.0)), zero, 0.0)};
+  }
   SavedTensor y_;
 };
 
@@ -309,6 +324,20 @@ struct LogsumexpBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = sum(dX exp(x - y) over the reduced dims), y broadcast back
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor y = out[0];
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < reduce_.size(); ++d) {
+      if (!reduce_[d]) continue;
+      dims.push_back(static_cast<int64_t>(d));
+      if (!keepdim_) y = unsqueeze(y, static_cast<int64_t>(d));
+    }
+    const Tensor weighted = mul(t[0], exp(sub(in[0], y)));
+    if (dims.empty()) return {reshape(weighted, out[0].shape())};  // a 0-d x
+    return {sum(weighted, dims, keepdim_)};
+  }
   std::vector<bool> reduce_;
   bool keepdim_;
   SavedTensor x_, y_;
@@ -423,6 +452,11 @@ struct CumsumBackward final : Node {
     return {cumsum_impl(grads[0], dim_, !reverse_, grads[0].dtype())};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = the same running sum of dX (the op is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {scan(t[0], dim_, reverse_)};
+  }
   int64_t dim_;
   bool reverse_;
 };
@@ -524,6 +558,13 @@ struct MaxBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dValues = gather(dX, dim, argmax) (indices with dim kept), in values' shape
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Shape kept = t[0].shape();
+    kept[dim_] = 1;
+    return {reshape(gather(t[0], dim_, reshape(indices_.get(), kept)), out[0].shape())};
+  }
   int64_t dim_;
   SavedTensor indices_;
 };
@@ -580,6 +621,13 @@ struct MaxAllBackward final : Node {
     return {mul(mask.to(grads[0].dtype()), div(grads[0], ties))};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = sum(dX at the k elements equal to y) / k, the mean of the ties' tangents
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor mask = eq(in[0], out[0]);
+    const double ties = sum(mask).item<double>();
+    return {div(sum(mul(t[0], mask.to(t[0].dtype()))), ties)};
+  }
   SavedTensor x_, y_;
 };
 

@@ -138,6 +138,7 @@ BOOST_AUTO_TEST_SUITE(test_index)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }

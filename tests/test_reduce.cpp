@@ -92,6 +92,7 @@ BOOST_AUTO_TEST_CASE(sum_over_leading_dims) {
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
