@@ -40,7 +40,9 @@
 // (grad mode off) of conv gets the weight and bias gradients from one backward-weights call.
 // Elsewhere (Float64, other devices, bfloat16 products under set_float32_matmul_precision
 // ("medium"), empty sizes, EMBER_CONV=im2col) each is im2col / col2im and products, as above, and
-// autograd differentiates those ops.
+// autograd differentiates those ops. Forward mode follows from the same bilinearity: each op's
+// tangent is the op on one operand's tangent plus the op on the other's (conv's plus the bias's),
+// and im2col and col2im, linear, are themselves on the tangent.
 #include "ops/conv.h"
 
 #include <algorithm>
@@ -171,6 +173,7 @@ Tensor read_positions(const Geometry& g) {
 }
 
 Tensor col2im(const Tensor& cols, const Geometry& g);
+Tensor im2col(const Tensor& x, const Geometry& g);
 
 // cols = im2col(x):  dX = col2im(dCols), itself an op (Note [Convolution as products])
 struct Im2colBackward final : Node {
@@ -179,15 +182,24 @@ struct Im2colBackward final : Node {
     return {col2im(grads[0], g_).reshape(input_shapes[0])};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dCols = im2col(dX) (it is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {im2col(t[0], g_)};
+  }
   Geometry g_;
 };
 
 // x = col2im(cols):  dCols = im2col(dX)
-Tensor im2col(const Tensor& x, const Geometry& g);
 struct Col2imBackward final : Node {
   explicit Col2imBackward(const Geometry& g) : g_(g) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {im2col(grads[0], g_)}; }
   bool differentiable_backward() const override { return true; }
+  // Forward: dX = col2im(dCols) (it is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {col2im(t[0], g_)};
+  }
   Geometry g_;
 };
 
@@ -360,6 +372,15 @@ struct ConvolutionBackward final : Node {
     return out;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = conv(dimg, W) + conv(img, dW) + db (bilinear in img and W)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor d;
+    if (t[0].defined()) d = conv(t[0], in[1], {}, g_);
+    if (t[1].defined()) d = fwd::add_tangents(d, conv(in[0], t[1], {}, g_));
+    if (t[2].defined()) d = fwd::add_tangents(d, t[2].reshape({1, g_.O, 1, 1}));
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   SavedTensor img_, w_;
   bool bias_;
   Geometry g_;
@@ -379,6 +400,14 @@ struct ConvolutionInputBackward final : Node {
     return out;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dX = conv_input(ddY, W) + conv_input(dY, dW) (bilinear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    Tensor d;
+    if (t[0].defined()) d = conv_input(t[0], in[1], g_);
+    if (t[1].defined()) d = fwd::add_tangents(d, conv_input(in[0], t[1], g_));
+    return {d};
+  }
   SavedTensor dy_, w_;
   Geometry g_;
 };
@@ -397,6 +426,14 @@ struct ConvolutionWeightBackward final : Node {
     return out;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dW = conv_weight(dimg, dY) + conv_weight(img, ddY) (bilinear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    Tensor d;
+    if (t[0].defined()) d = conv_weight(t[0], in[1], g_);
+    if (t[1].defined()) d = fwd::add_tangents(d, conv_weight(in[0], t[1], g_));
+    return {d};
+  }
   SavedTensor img_, dy_;
   Geometry g_;
 };

@@ -5,7 +5,8 @@
 // kernels too. Under create_graph the backwards are the same formulas in ops, the statistics
 // recomputed from x, so that they differentiate again (Note [Double backward] in
 // graph/autograd.h). On a device both ops are composed of ops (mean, sum, elementwise), their
-// gradients following through them.
+// gradients following through them. Forward mode's rules are in ops too (normalised_tangent):
+// the derivative through the statistics (the running statistics are not differentiated).
 #include "ops/norm.h"
 
 #include <algorithm>
@@ -410,6 +411,30 @@ std::vector<Tensor> empty_input_grads(const Node& node, const Tensor& x) {
   return out;
 }
 
+// The tangent of a normalisation y = xhat · w + b, xhat = (x - mean) · rstd over the last dim of
+// the (…, K) views xg (of x) and dxg (of its tangent), the statistics recomputed in ops so that
+// the tangent carries the outer levels' (Note [Forward grads] in graph/forward_ad.h):
+//   dxhat = rstd (dx - mean(dx) - xhat mean(xhat dx)),  dY = dxhat w + xhat dW + dB
+// w, dW, dB per channel (undefined: none). Returns dY of x's shape, undefined where zero.
+Tensor normalised_tangent(const Tensor& x, const Tensor& xg, const Tensor& dxg, const Tensor& w,
+                          const Tensor& dw, const Tensor& db, const std::vector<int64_t>& dims,
+                          double eps) {
+  const Tensor xc = sub(xg, mean(xg, dims, true));
+  const Tensor rstd = pow(add(mean(mul(xc, xc), dims, true), eps), -0.5);
+  const Tensor xhat = mul(xc, rstd);
+  Tensor d;
+  if (dxg.defined()) {
+    const Tensor centred = sub(dxg, mean(dxg, dims, true));
+    const Tensor dxhat =
+        mul(rstd, sub(centred, mul(xhat, mean(mul(xhat, dxg), dims, true)))).reshape(x.shape());
+    d = w.defined() ? mul(dxhat, per_channel(w, x.dim())) : dxhat;
+  }
+  if (dw.defined())
+    d = fwd::add_tangents(d, mul(xhat.reshape(x.shape()), per_channel(dw, x.dim())));
+  if (db.defined()) d = fwd::add_tangents(d, per_channel(db, x.dim()));
+  return fwd::broadcast_tangent(d, x.shape());
+}
+
 // batch_norm in training (see batch_norm_backward for the derivative). Saves x and weight (the
 // op's inputs, for the backward in ops) and the kernel's data: contiguous x and weight, mean,
 // rstd.
@@ -443,6 +468,13 @@ struct BatchNormBackward final : Node {
     return {dx, dw, db};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: through the batch statistics (normalised_tangent over every dim but C)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor& x = in[0];
+    if (x.numel() == 0) return {Tensor()};
+    return {normalised_tangent(x, x, t[0], in[1], t[1], t[2], non_channel_dims(x.dim()), eps_)};
+  }
   double eps_;
   SavedTensor x_, weight_;             // the op's inputs
   SavedTensor xc_, wc_, mean_, rstd_;  // the kernel's data
@@ -480,6 +512,17 @@ struct GroupNormBackward final : Node {
     return {dx, dw, db};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: through the group statistics (normalised_tangent over (N, G, C/G·S) views)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor& x = in[0];
+    if (x.numel() == 0) return {Tensor()};
+    const Channels ch = channels_of(x);
+    const Shape grouped{ch.N, groups_, ch.C / groups_ * ch.S};
+    return {normalised_tangent(x, x.reshape(grouped),
+                               t[0].defined() ? t[0].reshape(grouped) : Tensor(), in[1], t[1], t[2],
+                               {2}, eps_)};
+  }
   int64_t groups_;
   double eps_;
   SavedTensor x_, weight_;
@@ -501,6 +544,16 @@ struct ChannelAffineBackward final : Node {
     return {dx, dalpha, dbeta};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX alpha + x dAlpha + dBeta (per channel)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const int64_t dim = in[0].dim();
+    Tensor d;
+    if (t[0].defined()) d = mul(t[0], per_channel(in[1], dim));
+    if (t[1].defined()) d = fwd::add_tangents(d, mul(in[0], per_channel(t[1], dim)));
+    if (t[2].defined()) d = fwd::add_tangents(d, per_channel(t[2], dim));
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   SavedTensor x_, alpha_;
 };
 

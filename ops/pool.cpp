@@ -24,7 +24,9 @@
 // the cotangent at the same indices. Average pooling is linear, y = A x per plane: its backward
 // is the adjoint Aᵀ dY (avg_pool2d_backward, a kernel recorded as an op) and that op's backward
 // is A again (the forward kernel), so each differentiates as often as asked. On a device the ops
-// are composed of gather, max, sum and cat, whose derivatives autograd already has.
+// are composed of gather, max, sum and cat, whose derivatives autograd already has. Forward
+// mode: max pooling's tangent is dX gathered at the same indices, an average pooling's is the op
+// itself on dX (and its adjoint's, the adjoint on the tangent).
 #include "ops/pool.h"
 
 #include <algorithm>
@@ -434,6 +436,16 @@ struct MaxPoolBackward final : Node {
     return {gx};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX gathered at the argmax indices (0 where a window has no tap)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor& dx = t[0];
+    const Shape& y = out[0].shape();
+    const int64_t N = dx.size(0), C = dx.size(1), HW = dx.size(2) * dx.size(3);
+    Tensor planes = dx.reshape({N, C, HW});
+    if (slot_) planes = cat({planes, zeros({N, C, 1}, dx.dtype(), dx.device())}, 2);
+    return {gather(planes, 2, indices_.get().reshape({N, C, y[2] * y[3]})).reshape(y)};
+  }
   bool slot_;
   SavedTensor indices_;
 };
@@ -463,6 +475,11 @@ struct LinearPoolBackward final : Node {
     return {linear_pool_adjoint(grads[0], pool_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = A dX (the op on the tangent)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {linear_pool(t[0], pool_)};
+  }
   std::shared_ptr<const Pool2d> pool_;
 };
 
@@ -473,6 +490,11 @@ struct LinearPoolAdjointBackward final : Node {
     return {linear_pool(grads[0], pool_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dZ = Aᵀ dG (the op on the tangent)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {linear_pool_adjoint(t[0], pool_)};
+  }
   std::shared_ptr<const Pool2d> pool_;
 };
 
@@ -574,7 +596,8 @@ MaxPoolResult max_pool(const Tensor& x, int64_t n, const IntList& kernel_size,
     r = max_pool_on_device(x4, g, want_indices);
   } else {
     const Shape shape{x4.size(0), x4.size(1), g.h.out(), g.w.out()};
-    const bool grad = any_requires_grad(x4);
+    // the indices, for the backward or for the tangent (forward mode)
+    const bool grad = any_requires_grad(x4) || detail::forward_wanted(&x4, 1);
     r.values = empty(shape, x4.dtype(), x4.device());
     if (want_indices || grad) r.indices = empty(shape, kInt64, x4.device());
     int64_t* idx = r.indices.defined() ? r.indices.data<int64_t>() : nullptr;

@@ -7,6 +7,8 @@
 //     into the input positions it read) is an op too, whose derivative is the map again, so both
 //     differentiate any number of times. CPU kernels walk x as (outer, n, inner) rows; on a
 //     device the map is index_select and elementwise ops, whose gradients follow.
+// Being linear, each op's forward-mode tangent is the op itself on the input's tangent (constant
+// pad's with zeros for the fill).
 #include "ops/resample.h"
 
 #include <algorithm>
@@ -141,6 +143,11 @@ struct TapsBackward final : Node {
     return {taps_adjoint_along(grads[0], dim_, taps_, op_name_, adjoint_op_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the taps on the tangent (they are linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {taps_along(t[0], dim_, taps_, op_name_, adjoint_op_)};
+  }
   int64_t dim_;
   TapsPtr taps_;
   std::string_view op_name_, adjoint_op_;
@@ -155,6 +162,11 @@ struct TapsAdjointBackward final : Node {
     return {taps_along(grads[0], dim_, taps_, op_name_, adjoint_op_)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the adjoint on the tangent (it is linear)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {taps_adjoint_along(t[0], dim_, taps_, op_name_, adjoint_op_)};
+  }
   int64_t dim_;
   TapsPtr taps_;
   std::string_view op_name_, adjoint_op_;
@@ -225,6 +237,13 @@ struct ConstantPadBackward final : Node {
     return {pad(grads[0], pads_, "constant", 0)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = pad(dX, pads) with zeros (the fill value is a constant)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    IntList pads = pads_;
+    for (int64_t& p : pads) p = -p;
+    return {pad(t[0], pads, "constant", 0)};
+  }
   IntList pads_;  // negated
 };
 

@@ -16,6 +16,22 @@
 // its h0 row at its own last step, and h_n is the state after step 0. The backward walks the
 // steps in the opposite order with a (B, H) carry of dL/dh (and dL/dc) treated the same way:
 // the rows left at the end are dh0 (and dc0).
+//
+// Note [Tangents through time]
+// Forward mode runs the steps in the forward order with a (B, H) carry of the state's tangent dh
+// (and dc), from dh0 (dc0) or zeros, rows as the state's. The terms that do not pass through
+// time come first, for every row at once: the input side dGx = dX W_ihᵀ + X dW_ihᵀ + db_ih and
+// the hidden side's dH_prev-free part H_prev dW_hhᵀ + db_hh; a step adds dh_prev W_hhᵀ and then
+// differentiates its gates (σ' = y (1 - y), tanh' = 1 - y²):
+//   LSTM: dpre = dgx + dgh; di, df, dg, do = dpre's parts times the gates' derivatives;
+//         dc' = df c + f dc + di g + i dg;  dh' = do tanh(c') + o (1 - tanh²c') dc'
+//   GRU:  dr, dz = (dgx + dgh)'s parts times σ';  dn = (dgx_n + dr hn + r dgh_n)(1 - n²);
+//         dh' = dn + dz (h - n) + z (dh - dn)   (hn = h W_hnᵀ + b_hn, dgh_n its tangent)
+//   RNN:  dh' = (dgx + dgh) tanh'(h') or [h' > 0]
+// All in ops. The step values are the kernels' workspace when they are constants (no outer
+// level open, no input requiring grad: the common case, no second pass); else forward_in_ops
+// recomputes them from the inputs, so that the tangent carries the outer levels' tangents (a jvp
+// of a jvp) and differentiates backward to the inputs (reverse over forward).
 #include "ops/rnn.h"
 
 #include <algorithm>
@@ -330,6 +346,7 @@ RNNLayerResult forward_cpu(Cell cell, const Steps& s, const Tensor& x2d, const T
 // One step's values in ops, kept for the backward in ops.
 struct StepValues {
   Tensor hp, cp, a0, a1, a2, a3, c, hn;  // a*: the gates' activations (RNN: a0 = h')
+  Tensor tc;                             // LSTM: tanh(c)
 };
 
 struct InOps {
@@ -374,7 +391,8 @@ InOps forward_in_ops(Cell cell, const Steps& s, const Tensor& x2d, const Tensor&
       v.a0 = sigmoid(part(pre, 0)), v.a1 = sigmoid(part(pre, 1));
       v.a2 = tanh(part(pre, 2)), v.a3 = sigmoid(part(pre, 3));
       v.c = add(mul(v.a1, v.cp), mul(v.a0, v.a2));
-      hn = mul(v.a3, tanh(v.c));
+      v.tc = tanh(v.c);
+      hn = mul(v.a3, v.tc);
       c = with_rows(v.c, c);
     } else if (cell == Cell::GRU) {
       v.a0 = sigmoid(add(part(gxt, 0), part(gh, 0)));
@@ -416,7 +434,7 @@ std::vector<Tensor> backward_in_ops(Cell cell, const Steps& s, const InOps& f, c
     const auto dtanh = [](const Tensor& y) { return rsub(mul(y, y), 1.0); };  // tanh' = 1 - y²
     Tensor direct;
     if (cell == Cell::LSTM) {
-      const Tensor tc = tanh(v.c);
+      const Tensor& tc = v.tc;
       const Tensor dct = add(dc.narrow(0, 0, bs), mul(mul(d, v.a3), dtanh(tc)));
       dgi[t] = dgh[t] = cat({mul(mul(dct, v.a2), dsig(v.a0)), mul(mul(dct, v.cp), dsig(v.a1)),
                              mul(mul(dct, v.a0), dtanh(v.a2)), mul(mul(d, tc), dsig(v.a3))},
@@ -448,6 +466,68 @@ std::vector<Tensor> backward_in_ops(Cell cell, const Steps& s, const InOps& f, c
           sum(dGh, {0})};
 }
 
+// The tangent recurrence of Note [Tangents through time]: the step values (per step, from
+// forward_in_ops or the kernels' workspace), hprev (N, H) every row's state read, and the inputs'
+// tangents t (x, h0, c0, w_ih, w_hh, b_ih, b_hh; undefined: zero). Returns the tangents of
+// output (N, H), h_n and c_n (LSTM; else undefined).
+std::vector<Tensor> tangent_in_ops(Cell cell, const Steps& s, const std::vector<StepValues>& steps,
+                                   const Tensor& hprev, const Tensor& x2d, const Tensor& w_ih,
+                                   const Tensor& w_hh, const std::vector<Tensor>& t) {
+  const int64_t H = s.H, GH = gate_count(cell) * H;
+  const Shape rows_shape{s.N, GH};
+  // every step's input side at once: dX W_ihᵀ + X dW_ihᵀ + db_ih, and the hidden side's terms
+  // that do not carry through time: H_prev dW_hhᵀ + db_hh
+  Tensor agx, agh;
+  if (t[0].defined()) agx = matmul(t[0].reshape({s.N, s.I}), w_ih.transpose(0, 1));
+  if (t[3].defined()) agx = fwd::add_tangents(agx, matmul(x2d, t[3].transpose(0, 1)));
+  if (t[5].defined()) agx = fwd::add_tangents(agx, fwd::broadcast_tangent(t[5], rows_shape));
+  if (t[4].defined()) agh = matmul(hprev, t[4].transpose(0, 1));
+  if (t[6].defined()) agh = fwd::add_tangents(agh, fwd::broadcast_tangent(t[6], rows_shape));
+  if (cell != Cell::GRU) agx = fwd::add_tangents(agx, agh), agh = Tensor();
+  const auto state = [&](const Tensor& d) {
+    return d.defined() ? d : zeros({s.B, H}, x2d.dtype(), x2d.device());
+  };
+  Tensor dh = state(t[1]), dc = cell == Cell::LSTM ? state(t[2]) : Tensor();
+  const Tensor whh_t = w_hh.transpose(0, 1);
+  const auto part = [&](const Tensor& m, int64_t i) { return m.narrow(1, i * H, H); };
+  const auto dsig = [](const Tensor& y) { return mul(y, rsub(y, 1.0)); };   // σ' = y (1 - y)
+  const auto dtanh = [](const Tensor& y) { return rsub(mul(y, y), 1.0); };  // tanh' = 1 - y²
+  std::vector<Tensor> outs(static_cast<size_t>(s.T));
+  for (int64_t k = 0; k < s.T; ++k) {
+    const int64_t step = s.at(k), bs = s.size[step], off = s.offset[step];
+    const StepValues& v = steps[step];
+    const Tensor dhp = dh.narrow(0, 0, bs);
+    Tensor dgh = matmul(dhp, whh_t);  // (bs, G·H): the hidden product's tangent
+    if (agh.defined()) dgh = add(dgh, agh.narrow(0, off, bs));
+    const Tensor dgi = agx.defined() ? agx.narrow(0, off, bs) : Tensor();
+    Tensor dhn;
+    if (cell == Cell::LSTM) {
+      const Tensor dpre = dgi.defined() ? add(dgi, dgh) : dgh;
+      const Tensor di = mul(part(dpre, 0), dsig(v.a0)), df = mul(part(dpre, 1), dsig(v.a1));
+      const Tensor dg = mul(part(dpre, 2), dtanh(v.a2)), dout = mul(part(dpre, 3), dsig(v.a3));
+      const Tensor dcn = add(add(mul(df, v.cp), mul(v.a1, dc.narrow(0, 0, bs))),
+                             add(mul(di, v.a2), mul(v.a0, dg)));
+      dhn = add(mul(dout, v.tc), mul(mul(v.a3, dtanh(v.tc)), dcn));
+      dc = with_rows(dcn, dc);
+    } else if (cell == Cell::GRU) {
+      const auto gate = [&](int64_t i) {
+        return dgi.defined() ? add(part(dgi, i), part(dgh, i)) : part(dgh, i);
+      };
+      const Tensor dr = mul(gate(0), dsig(v.a0)), dz = mul(gate(1), dsig(v.a1));
+      Tensor npre = add(mul(dr, v.hn), mul(v.a0, part(dgh, 2)));
+      if (dgi.defined()) npre = add(part(dgi, 2), npre);
+      const Tensor dn = mul(npre, dtanh(v.a2));
+      dhn = add(add(dn, mul(dz, sub(v.hp, v.a2))), mul(v.a1, sub(dhp, dn)));
+    } else {
+      const Tensor dpre = dgi.defined() ? add(dgi, dgh) : dgh;
+      dhn = cell == Cell::Tanh ? mul(dpre, dtanh(v.a0)) : mul(dpre, gt(v.a0, 0.0).to(v.a0.dtype()));
+    }
+    outs[step] = dhn;
+    dh = with_rows(dhn, dh);
+  }
+  return {cat_rows(outs, H, x2d), dh, dc};
+}
+
 // The layer's backward through time (gates_backward per step; see there for the derivatives).
 // Inputs x, h0, c0, w_ih, w_hh, b_ih, b_hh; outputs output, h_n, c_n. Saves the inputs (for the
 // backward in ops) and the workspace.
@@ -468,6 +548,44 @@ struct RNNLayerBackward final : Node {
     return out;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the tangent recurrence through time (Note [Tangents through time])
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor x2d = in[0].reshape({s_.N, s_.I});
+    std::vector<StepValues> steps(static_cast<size_t>(s_.T));
+    Tensor hprev;
+    if (detail::t_fw_visible == 0 && !any_requires_grad(in)) {
+      // the values are constants here: the kernels' workspace, read as views
+      const Tensor act = act_.get(), aux = aux_.get();
+      const int64_t H = s_.H, GH = gate_count(cell_) * H;
+      hprev = hprev_.get();
+      for (int64_t step = 0; step < s_.T; ++step) {
+        const int64_t bs = s_.size[step], off = s_.offset[step];
+        StepValues& v = steps[step];
+        const Tensor a = rows(act, off, bs);
+        v.hp = rows(hprev, off, bs);
+        v.a0 = a.narrow(1, 0, H);
+        if (GH > H) v.a1 = a.narrow(1, H, H), v.a2 = a.narrow(1, 2 * H, H);
+        if (cell_ == Cell::LSTM) {
+          v.a3 = a.narrow(1, 3 * H, H);
+          v.cp = rows(cprev_.get(), off, bs);
+          v.tc = rows(aux, off, bs);
+        }
+        if (cell_ == Cell::GRU) v.hn = rows(aux, off, bs);
+      }
+    } else {
+      // the values in ops of the inputs, which carry the outer levels' tangents and record
+      const InOps f =
+          forward_in_ops(cell_, s_, x2d, in[1], in[2], in[3], in[4], in[5], in[6], true);
+      std::vector<Tensor> hps;
+      for (const StepValues& v : f.steps) hps.push_back(v.hp);
+      hprev = cat_rows(hps, s_.H, x2d);
+      steps = f.steps;
+    }
+    std::vector<Tensor> d = tangent_in_ops(cell_, s_, steps, hprev, x2d, in[3], in[4], t);
+    d[0] = d[0].reshape(out[0].shape());
+    return d;
+  }
 
  private:
   std::vector<Tensor> in_ops(const Tensor& go, const Tensor& gh_n, const Tensor& gc_n) {

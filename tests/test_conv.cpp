@@ -3,7 +3,8 @@
 // PyTorch golden values and gradients, edge shapes, anomaly mode and the emulated device; then a
 // direct (seven-loop) convolution against the im2col path at a size that runs in parallel, the
 // transposed convolution as the adjoint of the convolution, and every error message; then
-// Float32 on oneDNN against im2col (value, gradients, second order), threads and empty shapes.
+// Float32 on oneDNN against im2col (value, gradients, second order, forward mode), threads and
+// empty shapes.
 #include <boost/test/unit_test.hpp>
 
 #include <functional>
@@ -194,6 +195,31 @@ std::vector<Tensor> path_results(const PathCase& c, const std::vector<Tensor>& l
   return out;
 }
 
+// Forward mode in `dtype`, in Float64 for comparing: the tangent of the value for tangents
+// `dirs` of every input, then forward over reverse: the tangents of the gradients for upstream
+// `up` (create_graph), each input dual (zeros where a gradient has no tangent).
+std::vector<Tensor> forward_results(const PathCase& c, const std::vector<Tensor>& leaves64,
+                                    const std::vector<Tensor>& dirs64, const Tensor& up64,
+                                    DType dtype) {
+  namespace fa = autograd::forward_ad;
+  std::vector<Tensor> out;
+  fa::DualLevel level;
+  std::vector<Tensor> in, dual;
+  for (size_t i = 0; i < leaves64.size(); ++i) {
+    in.push_back(leaves64[i].detach().to(dtype).requires_grad_());
+    dual.push_back(fa::make_dual(in[i], dirs64[i].to(dtype)));
+  }
+  const Tensor y = c.f(dual);
+  out.push_back(fa::unpack_dual(y).tangent.to(kFloat64));
+  const std::vector<Tensor> grads =
+      autograd::grad({y}, in, {up64.to(dtype)}, std::nullopt, true, true);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Tensor t = grads[i].defined() ? fa::unpack_dual(grads[i]).tangent : Tensor();
+    out.push_back(t.defined() ? t.to(kFloat64) : zeros(in[i].shape(), kFloat64));
+  }
+  return out;
+}
+
 // f throws an ember::Error whose message contains `part`.
 template <class F>
 void fails(F&& f, const std::string& part) {
@@ -206,6 +232,7 @@ BOOST_AUTO_TEST_SUITE(test_conv)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kConvOps); }
@@ -391,6 +418,42 @@ BOOST_AUTO_TEST_CASE(onednn_matches_im2col) {
   BOOST_TEST(
       conv_transpose2d(t, randn({4, 1, 3, 3}), {}, {1}, {0}, {1}, 2, {2}).grad_fn()->name() ==
       "Col2imBackward");
+}
+
+// Forward mode in Float32 on oneDNN (the rules of its three ops) and on im2col agree with each
+// other and with Float64: the value's tangent, and forward over reverse, the tangents of the
+// gradients under create_graph (Hessian-vector products of <y, up>).
+BOOST_AUTO_TEST_CASE(onednn_forward_mode_matches_im2col) {
+  if (!ember::detail::onednn_built()) {
+    BOOST_TEST_MESSAGE("skipped: Ember was built without oneDNN");
+    return;
+  }
+  ConvPath on(true);
+  const char* names[] = {"input", "weight", "bias"};
+  for (const PathCase& c : kPathCases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      manual_seed(13);
+      std::vector<Tensor> leaves, dirs;
+      for (const Shape& s : c.shapes) leaves.push_back(randn(s, kFloat64));
+      for (const Shape& s : c.shapes) dirs.push_back(randn(s, kFloat64));
+      const Tensor up = randn(c.f(leaves).shape(), kFloat64);
+      const std::vector<Tensor> want = forward_results(c, leaves, dirs, up, kFloat64);
+      const std::vector<Tensor> onednn = forward_results(c, leaves, dirs, up, kFloat32);
+      std::vector<Tensor> im2col;
+      {
+        ConvPath path(false);
+        im2col = forward_results(c, leaves, dirs, up, kFloat32);
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        const std::string what =
+            i == 0 ? "tangent of the value"
+                   : fmt::format("tangent of the {} gradient (forward over reverse)", names[i - 1]);
+        const double scale = std::max(1.0, want[i].abs().max().item<double>());
+        expect_close(onednn[i], want[i], 1e-5, 2e-6 * scale, what + " (oneDNN)");
+        expect_close(im2col[i], want[i], 1e-5, 2e-6 * scale, what + " (im2col)");
+      }
+    }
+  }
 }
 
 // Under set_float32_matmul_precision("medium") a Float32 convolution stays im2col + products

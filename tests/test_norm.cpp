@@ -142,6 +142,7 @@ BOOST_AUTO_TEST_SUITE(test_norm)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNormOps); }

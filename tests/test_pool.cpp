@@ -181,6 +181,7 @@ BOOST_AUTO_TEST_SUITE(test_pool)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kPoolOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kPoolOps); }

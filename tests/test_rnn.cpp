@@ -194,18 +194,128 @@ class TwoRNNs : public nn::Cloneable<TwoRNNs> {
   TwoRNNs(const TwoRNNs&) = default;
 };
 
+// One layer call of a kind ("LSTM", "GRU", "RNN tanh", "RNN relu") on (x, h0, c0, w_ih, w_hh,
+// b_ih, b_hh): c0 is passed to the LSTM only.
+RNNLayerResult run_kind(const std::string& kind, const std::vector<Tensor>& v,
+                        const std::vector<int64_t>& batch_sizes, bool reverse) {
+  if (kind == "LSTM")
+    return lstm_layer(v[0], v[1], v[2], v[3], v[4], v[5], v[6], batch_sizes, reverse);
+  if (kind == "GRU") return gru_layer(v[0], v[1], v[3], v[4], v[5], v[6], batch_sizes, reverse);
+  return rnn_layer(v[0], v[1], v[3], v[4], v[5], v[6], kind.substr(4), batch_sizes, reverse);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(test_rnn)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kRNNOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kRNNOps); }
+
+// Forward mode through time (Note [Tangents through time] in ops/rnn.cpp), every cell padded and
+// packed, forwards and in reverse: the tangents of output, h_n and c_n from the kernels'
+// workspace against the backward (<J v, u> = <v, Jᵀ u>) and against the tangents the ops give
+// (inputs requiring grad); then reverse over forward (the gradient of <J v, u>) against the
+// double backward (the gradient of <Jᵀ u, v>), both of the one function uᵀ J(θ) v.
+BOOST_AUTO_TEST_CASE(forward_mode_through_time) {
+  namespace fa = autograd::forward_ad;
+  for (const std::string& kind : kKinds)
+    for (const bool packed : {false, true})
+      for (const bool reverse : {false, true}) {
+        BOOST_TEST_CONTEXT(kind << (packed ? " packed" : "") << (reverse ? " reverse" : "")) {
+          manual_seed(31);
+          const int64_t G = kind == "LSTM" ? 4 : kind == "GRU" ? 3 : 1, Hs = 3, In = 4;
+          const std::vector<int64_t> sizes =
+              packed ? std::vector<int64_t>{3, 2, 2, 1} : std::vector<int64_t>{};
+          const std::vector<Shape> shapes = {packed ? Shape{8, In} : Shape{4, 3, In},
+                                             {3, Hs},
+                                             {3, Hs},
+                                             {G * Hs, In},
+                                             {G * Hs, Hs},
+                                             {G * Hs},
+                                             {G * Hs}};
+          std::vector<Tensor> primal, tangent;
+          for (const Shape& sh : shapes) {
+            primal.push_back(mul(randn(sh, kFloat64), 0.5));
+            tangent.push_back(randn(sh, kFloat64));
+          }
+          const size_t outputs = kind == "LSTM" ? 3 : 2;
+          const RNNLayerResult shape_of = run_kind(kind, primal, sizes, reverse);
+          const std::vector<Tensor> results{shape_of.output, shape_of.h_n, shape_of.c_n};
+          std::vector<Tensor> up;
+          for (size_t k = 0; k < outputs; ++k) up.push_back(randn(results[k].shape(), kFloat64));
+          const auto tangents = [&](const std::vector<Tensor>& inputs) {
+            fa::DualLevel level;
+            std::vector<Tensor> dual;
+            for (size_t i = 0; i < inputs.size(); ++i)
+              dual.push_back(fa::make_dual(inputs[i], tangent[i]));
+            const RNNLayerResult r = run_kind(kind, dual, sizes, reverse);
+            std::vector<Tensor> out;
+            for (const Tensor& y : {r.output, r.h_n, r.c_n})
+              if (y.defined()) out.push_back(fa::unpack_dual(y).tangent);
+            return out;
+          };
+          const auto leaves = [&] {
+            std::vector<Tensor> l;
+            for (const Tensor& p : primal) l.push_back(p.detach().clone().requires_grad_());
+            return l;
+          };
+          // from the workspace (nothing requires grad) against the backward
+          const std::vector<Tensor> jv = tangents(primal);
+          BOOST_TEST_REQUIRE(jv.size() == outputs);
+          double forward = 0, backward = 0;
+          const auto inner = [](const Tensor& a, const Tensor& b) {
+            return a.defined() ? sum(mul(a, b)).item<double>() : 0.0;
+          };
+          for (size_t k = 0; k < outputs; ++k) forward += inner(jv[k], up[k]);
+          const std::vector<Tensor> ls = leaves();
+          const RNNLayerResult r = run_kind(kind, ls, sizes, reverse);
+          const std::vector<Tensor> ys{r.output, r.h_n, r.c_n};
+          const std::vector<Tensor> g = autograd::grad(
+              std::vector<Tensor>(ys.begin(), ys.begin() + static_cast<long>(outputs)), ls, up,
+              std::nullopt, false, true);
+          for (size_t i = 0; i < g.size(); ++i) backward += inner(g[i], tangent[i]);
+          BOOST_TEST(std::abs(forward - backward) <= 1e-10 * std::max(1.0, std::abs(backward)),
+                     "forward " << forward << " against backward " << backward);
+          // from the ops (the inputs require grad): the same tangents, then reverse over forward
+          const std::vector<Tensor> lr = leaves();
+          const std::vector<Tensor> jv_ops = tangents(lr);
+          Tensor fwd_loss;
+          for (size_t k = 0; k < outputs; ++k) {
+            expect_close(jv_ops[k], jv[k], 1e-12, 1e-12, "tangent from the ops");
+            const Tensor term = sum(mul(jv_ops[k], up[k]));
+            fwd_loss = fwd_loss.defined() ? add(fwd_loss, term) : term;
+          }
+          const std::vector<Tensor> rof =
+              autograd::grad({fwd_loss}, lr, {}, std::nullopt, false, true);
+          const std::vector<Tensor> ld = leaves();
+          const RNNLayerResult rd = run_kind(kind, ld, sizes, reverse);
+          const std::vector<Tensor> yd{rd.output, rd.h_n, rd.c_n};
+          const std::vector<Tensor> gd = autograd::grad(
+              std::vector<Tensor>(yd.begin(), yd.begin() + static_cast<long>(outputs)), ld, up,
+              std::nullopt, true, true);
+          Tensor bwd_loss;
+          for (size_t i = 0; i < gd.size(); ++i) {
+            if (!gd[i].defined()) continue;
+            const Tensor term = sum(mul(gd[i], tangent[i]));
+            bwd_loss = bwd_loss.defined() ? add(bwd_loss, term) : term;
+          }
+          const std::vector<Tensor> dbl =
+              autograd::grad({bwd_loss}, ld, {}, std::nullopt, false, true);
+          for (size_t i = 0; i < dbl.size(); ++i) {
+            const Tensor a = rof[i].defined() ? rof[i] : zeros(primal[i].shape(), kFloat64);
+            const Tensor b = dbl[i].defined() ? dbl[i] : zeros(primal[i].shape(), kFloat64);
+            expect_close(a, b, 1e-10, 1e-10, fmt::format("reverse over forward, input {}", i));
+          }
+        }
+      }
+}
 
 // Every option of the modules against torch.nn (gen_rnn.py): outputs, states, and the gradients
 // of the input, the states and every parameter.
