@@ -12,6 +12,7 @@
 
 #include "ops/conv_dnnl.h"
 #include "tests/edge_shapes.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -233,12 +234,14 @@ BOOST_AUTO_TEST_SUITE(test_conv)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad_on_device) { check_forward_on_device(kConvOps); }
 
 // The im2col path against the definition at a size whose im2col and col2im split across
 // threads, with stride, padding, dilation and groups; Float32 against Float64.

@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -143,12 +144,14 @@ BOOST_AUTO_TEST_SUITE(test_norm)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad_on_device) { check_forward_on_device(kNormOps); }
 
 // --- batch_norm's running statistics
 

@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -182,12 +183,14 @@ BOOST_AUTO_TEST_SUITE(test_pool)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kPoolOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kPoolOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad_on_device) { check_forward_on_device(kPoolOps); }
 
 // 128 planes of 31 x 30 (the kernels split the planes across threads from ~70 of this size),
 // against pooling composed of slices and means, values and gradients, on a transposed input too.

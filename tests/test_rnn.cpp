@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -211,12 +212,14 @@ BOOST_AUTO_TEST_SUITE(test_rnn)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kRNNOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kRNNOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad_on_device) { check_forward_on_device(kRNNOps); }
 
 // Forward mode through time (Note [Tangents through time] in ops/rnn.cpp), every cell padded and
 // packed, forwards and in reverse: the tangents of output, h_n and c_n from the kernels'
