@@ -196,12 +196,13 @@ struct ScaledDotProductAttentionBackward final : Node {
     if (needs_grad(1)) grad_k = matmul(swap_last(ds), q);
     return {grad_q, grad_k, grad_v, grad_mask};
   }
-  std::vector<Tensor> apply_in_ops(const Tensor& g) {
-    const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get(), &p_data = p_.get();
+  // P in ops from q, k and the floating mask (undefined when none), as the kernel's.
+  Tensor weights_in_ops(const Tensor& q, const Tensor& k, const Tensor& mask) const {
+    const Tensor& p_data = p_.get();
     const Shape& shape = p_data.shape();
     const int64_t L = shape.end()[-2], S = shape.end()[-1];
     Tensor s = mul(matmul(q, transpose(k, -2, -1)), scale_);
-    if (mask_.defined()) s = add(s, mask_.get());
+    if (mask.defined()) s = add(s, mask);
     if (s.shape() != shape) s = expand(s, shape);
     Tensor left_out;  // Bool: true where a key takes no part
     if (bool_mask_.defined()) left_out = logical_not(bool_mask_);
@@ -214,8 +215,13 @@ struct ScaledDotProductAttentionBackward final : Node {
     const Tensor empty_rows = eq(sum(p_data, {-1}, true), 0.0);
     const bool any_empty = any_true(empty_rows);
     if (any_empty) s = masked_fill(s, empty_rows, 0.0);
-    Tensor p = softmax(s, -1);
-    if (any_empty) p = masked_fill(p, empty_rows, 0.0);
+    const Tensor p = softmax(s, -1);
+    return any_empty ? masked_fill(p, empty_rows, 0.0) : p;
+  }
+  std::vector<Tensor> apply_in_ops(const Tensor& g) {
+    const Tensor &q = q_.get(), &k = k_.get(), &v = v_.get();
+    const Shape& shape = p_.get().shape();
+    const Tensor p = weights_in_ops(q, k, mask_.defined() ? mask_.get() : Tensor());
     const Tensor drop = attention_dropout_factor(shape, p.dtype(), dropout_, op());
     const auto dropped = [&](const Tensor& t) { return drop.defined() ? mul(t, drop) : t; };
     Tensor grad_q, grad_k, grad_v, grad_mask;
@@ -231,6 +237,24 @@ struct ScaledDotProductAttentionBackward final : Node {
     return {grad_q, grad_k, grad_v, grad_mask};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, P recomputed in ops (0 where a key takes no part, and in rows where none does):
+  //   dS = (dQ kᵀ + q dKᵀ) · scale + dMask,  dP = P ⊙ (dS − Σ_j dS ⊙ P),
+  //   dOut = dropout(dP) v + dropout(P) dV
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor &q = in[0], &k = in[1], &v = in[2];
+    const Tensor p = weights_in_ops(q, k, in[3]);
+    const Tensor drop = attention_dropout_factor(p.shape(), p.dtype(), dropout_, op());
+    const auto dropped = [&](const Tensor& x) { return drop.defined() ? mul(x, drop) : x; };
+    Tensor ds, d;
+    if (t[0].defined()) ds = matmul(t[0], transpose(k, -2, -1));
+    if (t[1].defined()) ds = fwd::add_tangents(ds, matmul(q, transpose(t[1], -2, -1)));
+    if (ds.defined()) ds = mul(ds, scale_);
+    ds = fwd::add_tangents(ds, t[3]);
+    if (ds.defined()) d = matmul(dropped(mul(p, sub(ds, sum(mul(ds, p), {-1}, true)))), v);
+    if (t[2].defined()) d = fwd::add_tangents(d, matmul(dropped(p), t[2]));
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   Tensor bool_mask_;  // the Bool attn_mask, or undefined
   AttentionDropout dropout_;
   double scale_;

@@ -156,6 +156,12 @@ struct DropoutBackward final : Node {
     return dx;
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX * mask * scale, the forward's mask again (linear in x), recorded as the op
+  // dropout_backward of dX as the backward under create_graph is
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {record<DropoutBackward>("dropout_backward", masked(t[0]), {t[0]}, keep_, scale_)};
+  }
   Tensor keep_;  // Bool, one element for each of x's, contiguous
   double scale_;
 };
@@ -184,8 +190,10 @@ Tensor dropout(const Tensor& x, double p, bool training) {
                           {x, keep.view(x.shape())}, op, mask.scale);
     return record<DropoutBackward>(op, out, {x}, keep, mask.scale);
   }
-  // The mask only where a backward will read it (where record makes the node).
-  const Tensor keep = any_requires_grad({x}) ? empty({x.numel()}, kBool) : Tensor();
+  // The mask only where a backward or a forward rule will read it (where record makes the node).
+  const Tensor keep = any_requires_grad({x}) || detail::forward_wanted(&x, 1)
+                          ? empty({x.numel()}, kBool)
+                          : Tensor();
   return record<DropoutBackward>(op, apply_dropout_mask(x, mask, op, keep), {x}, keep, mask.scale);
 }
 

@@ -421,6 +421,46 @@ void head_grad_grad(const Heads& g, const HeadGradGrad<T>& a, int64_t begin, int
     if (a.gv) head_atb<T>(Tq, Tk, dk, {scores ? cdpd : nullptr, doh}, D, g.block(a.gv, n, Tk));
   }
 }
+// The formulas in ops over the heads as (B, h, T, d_k) views of (B, T, D) tensors, with keep
+// (Bool (B, Tq, Tk), or undefined) and the dropout factor (or undefined) of a call.
+struct HeadsInOps {
+  HeadsInOps(const Heads& g, const Tensor& keep, Tensor drop)
+      : g_(g),
+        left_out_(keep.defined() ? unsqueeze(logical_not(keep), 1) : Tensor()),
+        drop_(std::move(drop)),
+        div_by_(std::sqrt(static_cast<double>(g.dk))) {}
+  Tensor split(const Tensor& t) const {  // (B, T, D) -> (B, h, T, d_k)
+    return transpose(reshape(t, {g_.B, t.size(1), g_.h, g_.dk}), 1, 2);
+  }
+  Tensor merge(const Tensor& t) const {  // (B, h, T, d_k) -> (B, T, D)
+    return t.defined() ? reshape(transpose(t, 1, 2), {g_.B, t.size(2), g_.D}) : t;
+  }
+  Tensor masked(const Tensor& t) const {  // 0 where a key is left out
+    return left_out_.defined() ? masked_fill(t, left_out_, 0.0) : t;
+  }
+  Tensor dropped(const Tensor& t) const { return drop_.defined() ? mul(t, drop_) : t; }
+  Tensor weights(const Tensor& q, const Tensor& k) const {  // P of the split q and k
+    Tensor s = div(matmul(q, transpose(k, -2, -1)), div_by_);
+    if (left_out_.defined()) s = masked_fill(s, left_out_, -1e9);
+    return softmax(s, -1);
+  }
+  // The softmax's Jacobian on a tangent of S: P (dS - Σ_j dS P)
+  static Tensor through_softmax(const Tensor& p, const Tensor& ds) {
+    return mul(p, sub(ds, sum(mul(ds, p), {-1}, true)));
+  }
+  // The tangent of S from those of the split q and k (either undefined): masked((dQ Kᵀ + Q dKᵀ)
+  // / √d_k); undefined when both are.
+  Tensor score_tangent(const Tensor& q, const Tensor& k, const Tensor& tq, const Tensor& tk) const {
+    Tensor ts;
+    if (tq.defined()) ts = matmul(tq, transpose(k, -2, -1));
+    if (tk.defined()) ts = fwd::add_tangents(ts, matmul(q, transpose(tk, -2, -1)));
+    return ts.defined() ? masked(div(ts, div_by_)) : ts;
+  }
+  const Heads& g_;
+  Tensor left_out_, drop_;
+  double div_by_;
+};
+
 // head_attention_backward's Node (Note [Head attention]): inputs q, k, v and dO, outputs dQ, dK,
 // dV, all (B, T, D); cotangents cQ, cK, cV. Per head, with S = Q Kᵀ / √d_k (masked), P =
 // softmax(S), D the dropout factor (mask · scale, or 1), P_d = P D, dP = (dO Vᵀ) D,
@@ -523,6 +563,55 @@ struct HeadAttentionGradBackward final : Node {
     return {merge(gq), merge(gk), merge(gv), merge(gdo)};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, per head in ops (P and dP recomputed from q, k, v and dO), with tangents tQ, tK, tV,
+  // tdO and r = rowsum(dP P):
+  //   tS = (tQ Kᵀ + Q tKᵀ) / √d_k (0 where masked),  tP = P (tS - rowsum(tS P)),
+  //   tdP = (tdO Vᵀ + dO tVᵀ) D,  tr = rowsum(tdP P + dP tP),
+  //   tdS = (tP (dP - r) + P (tdP - tr)) / √d_k (0 where masked),
+  //   d(dQ) = tdS K + dS tK,  d(dK) = tdSᵀ Q + dSᵀ tQ,  d(dV) = (tP D)ᵀ dO + P_dᵀ tdO
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const HeadsInOps h(heads_, keep_, drop_);
+    const auto mT = [](const Tensor& x) { return transpose(x, -2, -1); };
+    const auto split = [&](const Tensor& x) { return x.defined() ? h.split(x) : x; };
+    const Tensor q = h.split(in[0]), k = h.split(in[1]), v = h.split(in[2]), d_o = h.split(in[3]);
+    const Tensor tq = split(t[0]), tk = split(t[1]), tv = split(t[2]), tdo = split(t[3]);
+    const Tensor p = h.weights(q, k);
+    const Tensor dp = h.dropped(matmul(d_o, mT(v)));
+    const Tensor r = sum(mul(dp, p), {-1}, true);
+    const Tensor ds = h.masked(div(mul(p, sub(dp, r)), h.div_by_));
+    const Tensor ts = h.score_tangent(q, k, tq, tk);
+    const Tensor tp = ts.defined() ? HeadsInOps::through_softmax(p, ts) : Tensor();
+    Tensor tdp;
+    if (tdo.defined()) tdp = matmul(tdo, mT(v));
+    if (tv.defined()) tdp = fwd::add_tangents(tdp, matmul(d_o, mT(tv)));
+    if (tdp.defined()) tdp = h.dropped(tdp);
+    Tensor tds;
+    if (tp.defined() || tdp.defined()) {
+      Tensor tr;
+      if (tdp.defined()) tr = mul(tdp, p);
+      if (tp.defined()) tr = fwd::add_tangents(tr, mul(dp, tp));
+      tr = sum(tr, {-1}, true);
+      Tensor inner = neg(mul(p, tr));
+      if (tp.defined()) inner = add(inner, mul(tp, sub(dp, r)));
+      if (tdp.defined()) inner = add(inner, mul(p, tdp));
+      tds = h.masked(div(inner, h.div_by_));
+    }
+    Tensor gq, gk, gv;
+    if (out[0].defined()) {
+      if (tds.defined()) gq = matmul(tds, k);
+      if (tk.defined()) gq = fwd::add_tangents(gq, matmul(ds, tk));
+    }
+    if (out[1].defined()) {
+      if (tds.defined()) gk = matmul(mT(tds), q);
+      if (tq.defined()) gk = fwd::add_tangents(gk, matmul(mT(ds), tq));
+    }
+    if (out[2].defined()) {
+      if (tp.defined()) gv = matmul(mT(h.dropped(tp)), d_o);
+      if (tdo.defined()) gv = fwd::add_tangents(gv, matmul(mT(h.dropped(p)), tdo));
+    }
+    return {h.merge(gq), h.merge(gk), h.merge(gv)};
+  }
   Tensor drop_;  // the dropout factor (mask · scale, as P), or undefined
   Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
   AttentionDropout dropout_;
@@ -597,6 +686,23 @@ struct HeadAttentionBackward final : Node {
     return {dq, dk, dv};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, per head in ops (P recomputed from q and k; D the dropout factor):
+  //   tS = (tQ Kᵀ + Q tKᵀ) / √d_k (0 where masked),  tP = P (tS - rowsum(tS P)),
+  //   tOut = (tP D) V + P_d tV, merged back to (B, Tq, D)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const HeadsInOps h(heads_, keep_,
+                       attention_dropout_factor({heads_.B, heads_.h, heads_.Tq, heads_.Tk},
+                                                in[0].dtype(), dropout_, op()));
+    const Tensor q = h.split(in[0]), k = h.split(in[1]);
+    const Tensor p = h.weights(q, k);
+    const Tensor ts = h.score_tangent(q, k, t[0].defined() ? h.split(t[0]) : Tensor(),
+                                      t[1].defined() ? h.split(t[1]) : Tensor());
+    Tensor d;
+    if (ts.defined()) d = matmul(h.dropped(HeadsInOps::through_softmax(p, ts)), h.split(in[2]));
+    if (t[2].defined()) d = fwd::add_tangents(d, matmul(h.dropped(p), h.split(t[2])));
+    return {h.merge(d)};
+  }
   Tensor keep_;  // Bool (B, Tq, Tk), contiguous, or undefined
   AttentionDropout dropout_;
   Heads heads_;

@@ -266,6 +266,24 @@ void layer_norm_double_backward(const T* dy, const T* x, const T* weight, const 
   }
 }
 
+// The trailing k of x's dims (those layer_norm normalizes over).
+std::vector<int64_t> trailing_dims(const Tensor& x, int64_t k) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+// x normalized over `dims` in ops (so that it differentiates again):
+//   rstd = 1 / sqrt(mean((x - mean(x))²) + eps),  xhat = (x - mean(x)) * rstd
+struct Normalized {
+  Tensor xhat, rstd;
+};
+Normalized normalized_in_ops(const Tensor& x, const std::vector<int64_t>& dims, double eps) {
+  const Tensor centred = sub(x, mean(x, dims, true));
+  const Tensor rstd = pow(add(mean(mul(centred, centred), dims, true), eps), -0.5);
+  return {mul(centred, rstd), rstd};
+}
+
 // layer_norm_backward's Node: inputs dY, x, weight; outputs dX, dW, dB. On the CPU without
 // create_graph, layer_norm_double_backward; else the same formulas in ops, xhat and rstd
 // recomputed from x (so that they can be differentiated once more, and on any device).
@@ -298,11 +316,8 @@ struct LayerNormGradBackward final : Node {
   std::vector<Tensor> apply_in_ops(const std::vector<Tensor>& grads) {
     const Tensor dy = dy_.get(), x = x_.get(), w = weight_.get();
     const Tensor &cx = grads[0], &cw = grads[1], &cb = grads[2];
-    std::vector<int64_t> dims;
-    for (int64_t d = x.dim() - k_; d < x.dim(); ++d) dims.push_back(d);
-    const Tensor centred = sub(x, mean(x, dims, true));
-    const Tensor rstd = pow(add(mean(mul(centred, centred), dims, true), eps_), -0.5);
-    const Tensor xhat = mul(centred, rstd);
+    const std::vector<int64_t> dims = trailing_dims(x, k_);
+    const auto [xhat, rstd] = normalized_in_ops(x, dims, eps_);
     const Tensor g = w.defined() ? mul(dy, w) : dy;
     Tensor c_g, c_xhat, c_rstd;
     if (cx.defined()) {
@@ -335,6 +350,47 @@ struct LayerNormGradBackward final : Node {
     return {gdy, gx, gw};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, with g = dY W, A = g - mean(g) - xhat mean(g xhat) (so dX = rstd A), tangents tdY,
+  // tX, tW, in ops (xhat and rstd recomputed from x):
+  //   txhat = rstd (tX - mean(tX) - xhat mean(tX xhat)),  trstd = -rstd² mean(xhat tX)
+  //   tg = tdY W + dY tW,  tA = tg - mean(tg) - txhat mean(g xhat) - xhat mean(tg xhat + g txhat)
+  //   d(dX) = trstd / rstd · dX + rstd tA,  d(dW) = Σ_rows (tdY xhat + dY txhat),  d(dB) = Σ_rows
+  //   tdY
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor &dy = in[0], &x = in[1], &w = in[2];
+    const Tensor &tdy = t[0], &tx = t[1], &tw = t[2];
+    const std::vector<int64_t> dims = trailing_dims(x, k_);
+    const auto avg = [&](const Tensor& a) { return mean(a, dims, true); };
+    const auto [xhat, rstd] = normalized_in_ops(x, dims, eps_);
+    Tensor txhat, trstd_by_rstd;  // trstd / rstd = -rstd mean(xhat tX)
+    if (tx.defined()) {
+      const Tensor m = avg(mul(tx, xhat));
+      txhat = mul(rstd, sub(sub(tx, avg(tx)), mul(xhat, m)));
+      trstd_by_rstd = neg(mul(rstd, m));
+    }
+    Tensor ddx, ddw, ddb;
+    if (out[0].defined()) {
+      const Tensor g = w.defined() ? mul(dy, w) : dy;
+      Tensor tg, ta;
+      if (tdy.defined()) tg = w.defined() ? mul(tdy, w) : tdy;
+      if (tw.defined()) tg = fwd::add_tangents(tg, mul(dy, tw));
+      if (tg.defined()) ta = sub(sub(tg, avg(tg)), mul(xhat, avg(mul(tg, xhat))));
+      if (txhat.defined())
+        ta = fwd::add_tangents(
+            ta, neg(add(mul(txhat, avg(mul(g, xhat))), mul(xhat, avg(mul(g, txhat))))));
+      if (ta.defined()) ddx = mul(rstd, ta);
+      if (trstd_by_rstd.defined()) ddx = fwd::add_tangents(ddx, mul(trstd_by_rstd, out[0]));
+      ddx = fwd::broadcast_tangent(ddx, out[0].shape());
+    }
+    if (out[1].defined()) {
+      Tensor s = tdy.defined() ? mul(tdy, xhat) : Tensor();
+      if (txhat.defined()) s = fwd::add_tangents(s, mul(dy, txhat));
+      if (s.defined()) ddw = sum_to(s, out[1].shape());
+    }
+    if (out[2].defined() && tdy.defined()) ddb = sum_to(tdy, out[2].shape());
+    return {ddx, ddw, ddb};
+  }
   int64_t M_, N_, k_;
   double eps_;
   SavedTensor dy_, x_, weight_;        // the op's inputs
@@ -423,6 +479,25 @@ struct LayerNormBackward final : Node {
     return {grad_x, grad_w, grad_b};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, in ops (xhat and rstd recomputed from x):
+  //   txhat = rstd (dX - mean(dX) - xhat mean(dX xhat)),  dY = txhat W + xhat dW + dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor &x = in[0], &w = in[1];
+    Tensor d;
+    if (t[0].defined() || t[1].defined()) {
+      const std::vector<int64_t> dims = trailing_dims(x, k_);
+      const auto [xhat, rstd] = normalized_in_ops(x, dims, eps_);
+      if (const Tensor& tx = t[0]; tx.defined()) {
+        const Tensor txhat = mul(
+            rstd, sub(sub(tx, mean(tx, dims, true)), mul(xhat, mean(mul(tx, xhat), dims, true))));
+        d = w.defined() ? mul(txhat, w) : txhat;
+      }
+      if (t[1].defined()) d = fwd::add_tangents(d, mul(xhat, t[1]));
+    }
+    d = fwd::add_tangents(d, t[2]);
+    return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
   int64_t M_, N_, k_;
   double eps_;
   SavedTensor x_, weight_, mean_, rstd_;  // the kernel's: contiguous data

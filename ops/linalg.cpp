@@ -735,6 +735,12 @@ struct MatmulBackward final : Node {
     return {grad_a, grad_b};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA · B + A · dB (each product of C's shape)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {fwd::add_tangents(t[0].defined() ? matmul(t[0], in[1]) : Tensor(),
+                              t[1].defined() ? matmul(in[0], t[1]) : Tensor())};
+  }
   bool a_vec_, b_vec_;
   SavedTensor a_, b_, a_input_, b_input_;
 };
@@ -781,6 +787,12 @@ struct BmmBackward final : Node {
             needs_grad(1) ? mm(mT(a_.get()), g) : Tensor()};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dC = dA · B + A · dB
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {fwd::add_tangents(t[0].defined() ? bmm(t[0], in[1]) : Tensor(),
+                              t[1].defined() ? bmm(in[0], t[1]) : Tensor())};
+  }
   SavedTensor a_, b_;
 };
 
@@ -860,6 +872,26 @@ struct LinearGradBackward final : Node {
     return {gdy, gx, gw};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward (rows flattened, each output only where the op computed it):
+  //   d(dX) = tdY W + dY tW,   d(dW) = tdYᵀ X + dYᵀ tX,   d(dB) = Σ_rows tdY
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const int64_t n_out = in[2].size(0), n_in = in[2].size(1);
+    const auto rows = [](const Tensor& a, int64_t n) { return reshape(a, {-1, n}); };
+    const auto rows_t = [&](const Tensor& a) { return transpose(rows(a, n_out), 0, 1); };
+    Tensor dx, dw, db;
+    if (out[0].defined()) {
+      if (t[0].defined()) dx = matmul(rows(t[0], n_out), in[2]);
+      if (t[2].defined()) dx = fwd::add_tangents(dx, matmul(rows(in[0], n_out), t[2]));
+      if (dx.defined()) dx = reshape(dx, out[0].shape());
+    }
+    if (out[1].defined()) {
+      if (t[0].defined()) dw = matmul(rows_t(t[0]), rows(in[1], n_in));
+      if (t[1].defined()) dw = fwd::add_tangents(dw, matmul(rows_t(in[0]), rows(t[1], n_in)));
+    }
+    if (out[2].defined() && t[0].defined()) db = sum(rows(t[0], n_out), {0});
+    return {dx, dw, db};
+  }
   SavedTensor dy_, x_, weight_;
 };
 
@@ -912,6 +944,14 @@ struct LinearBackward final : Node {
     return {grad_x, grad_w, grad_b};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX · Wᵀ + X · dWᵀ + db, as linear ops (the first takes db as its bias)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    Tensor d, db = t[2];
+    if (t[0].defined()) d = linear(t[0], in[1], db), db = Tensor();
+    if (t[1].defined()) d = fwd::add_tangents(d, linear(in[0], t[1], db)), db = Tensor();
+    return {d.defined() ? d : fwd::broadcast_tangent(db, out[0].shape())};
+  }
   SavedTensor x_rows_, x_, weight_;
 };
 

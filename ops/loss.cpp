@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "graph/autograd.h"
 #include "graph/creation.h"
@@ -124,6 +125,13 @@ struct MseLossBackward final : Node {
     });
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dL = 2 (x - t)(dX - dT), reduced as the loss
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor dd = !t[1].defined() ? t[0] : !t[0].defined() ? neg(t[1]) : sub(t[0], t[1]);
+    const Tensor values = mul(mul(sub(in[0], in[1]), dd), 2.0);  // the broadcast shape
+    return {reduce_in_ops(values, reduction_, static_cast<double>(values.numel()))};
+  }
   Reduction reduction_;
   SavedTensor input_, target_;
 };
@@ -185,6 +193,22 @@ struct KlDivBackward final : Node {
     });
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dL = -t dX + (log t + 1 - x) dT where t > 0 (0 where t <= 0, as the backward),
+  // over the broadcast shape, reduced as the loss
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor &x = in[0], &target = in[1];
+    Tensor values;
+    if (t[0].defined()) values = mul(neg(target), t[0]);
+    if (t[1].defined()) {
+      const Tensor off = le(target, 0.0);
+      const Tensor slope = sub(add(log(masked_fill(target, off, 1.0)), 1.0), x);
+      values = fwd::add_tangents(values, masked_fill(mul(slope, t[1]), off, 0.0));
+    }
+    const Shape shape = broadcast_shapes(x.shape(), target.shape(), op());
+    return {reduce_in_ops(fwd::broadcast_tangent(values, shape), reduction_,
+                          static_cast<double>(shape_numel(shape)))};
+  }
   Reduction reduction_;
   SavedTensor input_, target_;
 };
@@ -372,6 +396,15 @@ struct NllLossBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: the loss is linear in the scores: dL = nll_loss(dX, target), reduced the same way
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor& x = in[0];  // (C), (N, C) or (N, C, D)
+    Shape rows = x.shape();
+    rows.erase(rows.begin() + (x.dim() == 1 ? 0 : 1));
+    const Tensor d = nll_loss(t[0], reshape(target_.get(), rows), reduction_, ignore_index_);
+    return {reshape(d, out[0].shape())};
+  }
   Reduction reduction_;
   int64_t ignore_index_;
   double count_;
@@ -464,8 +497,9 @@ struct CrossEntropyBackward final : Node {
     });
     return {grad_x};
   }
-  std::vector<Tensor> apply_in_ops(const Tensor& dout) {
-    const Tensor& x = logits_.get();
+  // The constants of the formulas in ops, for logits x: q (x's shape), the smoothed one-hot
+  // targets, and the rows' factors w (0 where ignored, 1 / count for Mean, else 1), one per row.
+  std::pair<Tensor, Tensor> targets_and_factors(const Tensor& x) const {
     const ClassRows& g = rows_;
     const int64_t C = g.C, D = g.D;
     Tensor q = empty(x.shape(), x.dtype(), x.device()),
@@ -481,10 +515,28 @@ struct CrossEntropyBackward final : Node {
         if (!ignored) row[t[r] * D] += static_cast<T>(1 - eps_);
       }
     });
+    return {q, scale};
+  }
+  std::vector<Tensor> apply_in_ops(const Tensor& dout) {
+    const Tensor& x = logits_.get();
+    const auto [q, scale] = targets_and_factors(x);
     const Tensor p = softmax(x, x.dim() == 1 ? 0 : 1);
     return {mul(sub(p, q), mul(per_row(dout, reduction_, x.shape()), scale))};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward, through log_softmax's rule (d log p_c = dX_c - Σ_c' p_c' dX_c'):
+  //   dL_r = w_r Σ_c (p[r, c] - q[r, c]) dX[r, c]
+  // q the smoothed one-hot targets, w_r the row's factor (0 where ignored, 1 / count for Mean);
+  // per row for None, summed over the rows else.
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor& x = in[0];
+    const int64_t classes = x.dim() == 1 ? 0 : 1;
+    const auto [q, scale] = targets_and_factors(x);
+    const Tensor rows =
+        sum(mul(mul(sub(softmax(x, classes), q), t[0]), scale), {classes});  // one per row
+    return {reduction_ == Reduction::None ? reshape(rows, out[0].shape()) : sum(rows)};
+  }
   ClassRows rows_;  // the geometry; its tensors are in the saved slots
   Reduction reduction_;
   int64_t ignore_index_;
@@ -510,11 +562,7 @@ struct CrossEntropyRowsBackward final : Node {
     const Tensor x = x_.get(), t = t_.get();
     if (is_grad_enabled()) {  // create_graph
       const Tensor ignored = eq(t, static_cast<double>(ignore_index_));
-      const int64_t C = x.size(1);
-      const Tensor classes = arange(0, static_cast<double>(C), 1, kInt64, x.device());
-      const Tensor hit = eq(reshape(classes, {1, C, 1}), t).to(x.dtype());
-      const Tensor q = add(mul(hit, 1 - eps_), eps_ / static_cast<double>(C));
-      return {mul(sub(softmax(x, 1), q), masked_fill(grads[0], ignored, 0.0))};
+      return {mul(sub(softmax(x, 1), smoothed_targets(x, t)), masked_fill(grads[0], ignored, 0.0))};
     }
     Tensor grad_x = empty(x.shape(), x.dtype(), x.device());
     rows_on_device(cuda::kernels::RowOp::CrossEntropyBackward, x.dtype(), 1,
@@ -523,6 +571,21 @@ struct CrossEntropyRowsBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dL_r = Σ_c (softmax(x)[r, c] - q[r, c]) dX[r, c], 0 where ignored (as
+  // CrossEntropyBackward's)
+  std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    const Tensor &x = in[0], target = t_.get();
+    const Tensor rows = sum(mul(sub(softmax(x, 1), smoothed_targets(x, target)), t[0]), {1}, true);
+    return {masked_fill(rows, eq(target, static_cast<double>(ignore_index_)), 0.0)};
+  }
+  // q: the smoothed one-hot targets of t (N, 1, D) over x's classes (N, C, D), in ops.
+  Tensor smoothed_targets(const Tensor& x, const Tensor& t) const {
+    const int64_t C = x.size(1);
+    const Tensor classes = arange(0, static_cast<double>(C), 1, kInt64, x.device());
+    const Tensor hit = eq(reshape(classes, {1, C, 1}), t).to(x.dtype());
+    return add(mul(hit, 1 - eps_), eps_ / static_cast<double>(C));
+  }
   SavedTensor x_, t_;
   int64_t ignore_index_;
   double eps_;

@@ -254,6 +254,14 @@ struct SoftmaxBackward final : Node {
     return {grad_x};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: softmax:      dY = y * (dX - Σ_dim y * dX)
+  //          log_softmax:  dY = dX - Σ_dim exp(y) * dX
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    const Tensor &dx = t[0], &y = out[0];
+    if constexpr (Log) return {sub(dx, sum(mul(exp(y), dx), {dim_}, true))};
+    return {mul(y, sub(dx, sum(mul(y, dx), {dim_}, true)))};
+  }
   int64_t dim_;
   SavedTensor y_;
 };

@@ -31,6 +31,11 @@ struct ToBackward final : Node {
     return {grads[0].to(input_dtypes[0])};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX converted to y's dtype
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {t[0].to(out[0].dtype())};
+  }
 };
 
 // to(Device[, DType]): the gradient goes back to the input's device and dtype.
@@ -40,6 +45,11 @@ struct ToDeviceBackward final : Node {
     return {grads[0].to(source_, input_dtypes[0])};
   }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX moved to y's device and dtype
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>& out) override {
+    return {t[0].to(out[0].device(), out[0].dtype())};
+  }
   Device source_;
 };
 
@@ -47,6 +57,11 @@ struct ToDeviceBackward final : Node {
 struct CloneBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override { return {grads[0]}; }
   bool differentiable_backward() const override { return true; }
+  // Forward: dY = dX (copied by the forward step: y shares no memory with x)
+  std::vector<Tensor> jvp(const std::vector<Tensor>&, const std::vector<Tensor>& t,
+                          const std::vector<Tensor>&) override {
+    return {t[0]};
+  }
 };
 
 }  // namespace

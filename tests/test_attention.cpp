@@ -137,6 +137,7 @@ BOOST_AUTO_TEST_SUITE(test_attention)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kAttentionOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kAttentionOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kAttentionOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kAttentionOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kAttentionOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kAttentionOps); }

@@ -175,6 +175,7 @@ BOOST_AUTO_TEST_SUITE(test_linalg)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kLinalgOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLinalgOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLinalgOps); }

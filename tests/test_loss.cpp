@@ -263,6 +263,7 @@ BOOST_AUTO_TEST_SUITE(test_loss)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kLossOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kLossOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kLossOps); }

@@ -3,7 +3,14 @@
 // backward in ops (create_graph) against the kernels', the PyTorch golden values and gradients and
 // the edge cases; then extreme inputs, the parallel paths, dropout's masks, attention at the GPT
 // shape, with dropout and masks, every error message, and double backward where the table does
-// not reach (dropout, masks, padding_idx, head_attention).
+// not reach (dropout, masks, padding_idx, head_attention); forward mode where the table does not
+// reach (dropout, head_attention, attention with dropout, the device) and second derivatives
+// through the family's forward rules (forward over reverse, forward over forward).
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
@@ -154,6 +161,7 @@ BOOST_AUTO_TEST_SUITE(test_nn_functional)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNnFunctionalOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) {
   check_create_graph_gradients(kNnFunctionalOps);
 }
@@ -161,7 +169,14 @@ BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kNnFunctionalOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kNnFunctionalOps); }
-BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kNnFunctionalOps); }
+// The table on the device, then forward mode there (skipped without one; ctest device_emulated
+// runs it): each family op's rule on inputs that live on the device, including the paths that are
+// the device's own (cross_entropy's row kernels, dropout's device mask, to(Device)).
+void check_forward_ad_on_device();
+BOOST_AUTO_TEST_CASE(table_on_device) {
+  check_on_device(kNnFunctionalOps);
+  check_forward_ad_on_device();
+}
 
 // --- softmax / log_softmax
 
@@ -730,6 +745,231 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_head_attention) {
       autograd::grad({f({q, k, v})}, {q, k, v}, {up}, std::nullopt, true);
   for (size_t i = 0; i < 3; ++i)
     expect_close(in_ops[i], first[i], 1e-12, 1e-12, fmt::format("input {}", i));
+}
+
+// --- forward mode where the table does not reach
+
+namespace fa = ember::autograd::forward_ad;
+
+// Forward mode through dropout (the tangent through the forward's mask, also for an input that
+// needs no gradient), head_attention with a keep mask and with dropout, and
+// scaled_dot_product_attention with dropout: each input's Jacobian columns by dual passes
+// against finite differences and the backward.
+BOOST_AUTO_TEST_CASE(forward_ad_dropout_and_attention) {
+  manual_seed(7);
+  const Tensor x = randn({4, 5}, kFloat64), u = randn({4, 5}, kFloat64);
+  {
+    fa::DualLevel level;
+    manual_seed(9);
+    const Tensor y = dropout(fa::make_dual(x, u), 0.4, true);
+    manual_seed(9);
+    expect_close(fa::unpack_dual(y).tangent, dropout(u, 0.4, true), 0, 0, "dropout's tangent");
+  }
+  GradcheckOptions options;
+  options.check_forward_ad = true;
+  check_gradient(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(5);  // the same mask at every evaluation
+        return dropout(in[0] * in[0], 0.4, true);
+      },
+      {leaf({3, 5})}, "dropout", options);
+  const Tensor keep = from_vector(
+      std::vector<double>{1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0},
+      {2, 3, 4}, kBool);
+  check_gradient(
+      [&](const std::vector<Tensor>& in) {
+        return head_attention(in[0], in[1].permute({2, 1, 0}), in[2], 2, keep).values;
+      },
+      {leaf({2, 3, 6}), leaf({6, 4, 2}), leaf({2, 4, 6})}, "head_attention with keep", options);
+  check_gradient(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(3);
+        return head_attention(in[0], in[1], in[2], 3, Tensor(), 0.3).values;
+      },
+      {leaf({2, 3, 6}), leaf({2, 4, 6}), leaf({2, 4, 6})}, "head_attention with dropout", options);
+  check_gradient(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(4);
+        return scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.3, true);
+      },
+      {leaf({2, 4, 3}), leaf({2, 5, 3}), leaf({2, 5, 2})},
+      "scaled_dot_product_attention causal with dropout", options);
+}
+
+// Second derivatives through the rules, with H the Hessian of ⟨up, f⟩, against reverse over
+// reverse (H u as the gradient of Σ_i ⟨grad_i, u_i⟩):
+//   - forward over reverse: inside a dual level whose inputs carry tangents u, the gradient a
+//     backward under create_graph gives carries H u as its tangent (through the fused backward
+//     ops' own rules: linear_backward, layer_norm_backward, head_attention_backward,
+//     dropout_backward);
+//   - forward over forward: inputs with tangents u at an outer level and w at an inner one; the
+//     inner tangent of f carries ⟨up, f''[u, w]⟩ = ⟨w, H u⟩ as its outer tangent (the rules'
+//     ops carry the outer level).
+void expect_forward_over_reverse(const Fn& f, const std::vector<Tensor>& inputs,
+                                 const std::string& what) {
+  std::vector<Tensor> u;
+  for (const Tensor& x : inputs) u.push_back(randn(x.shape(), kFloat64));
+  const Tensor up = randn(f(inputs).shape(), kFloat64);
+  const std::vector<Tensor> g = autograd::grad({f(inputs)}, inputs, {up}, std::nullopt, true, true);
+  Tensor s = zeros({}, kFloat64);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (g[i].defined()) s = s + (g[i] * u[i]).sum();
+  const std::vector<Tensor> want = autograd::grad({s}, inputs, {}, std::nullopt, false, true);
+  fa::DualLevel level;
+  std::vector<Tensor> duals;
+  for (size_t i = 0; i < inputs.size(); ++i) duals.push_back(fa::make_dual(inputs[i], u[i]));
+  const std::vector<Tensor> got =
+      autograd::grad({f(duals)}, inputs, {up}, std::nullopt, true, true);
+  double want_uw = 0;
+  std::vector<Tensor> w;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor hu = want[i].defined() ? want[i] : zeros_like(inputs[i]);
+    const Tensor tangent = got[i].defined() ? fa::unpack_dual(got[i]).tangent : Tensor();
+    expect_close(tangent.defined() ? tangent : zeros_like(inputs[i]), hu, 1e-10, 1e-12,
+                 fmt::format("{}: H u of input {} by forward over reverse", what, i));
+    w.push_back(randn(inputs[i].shape(), kFloat64));
+    want_uw += (hu * w[i]).sum().item<double>();
+  }
+  Tensor inner_tangent;
+  {
+    fa::DualLevel inner;
+    std::vector<Tensor> twice;
+    for (size_t i = 0; i < inputs.size(); ++i) twice.push_back(fa::make_dual(duals[i], w[i]));
+    inner_tangent = fa::unpack_dual(f(twice)).tangent;
+  }
+  const Tensor second = inner_tangent.defined() ? fa::unpack_dual(inner_tangent).tangent : Tensor();
+  const double got_uw = second.defined() ? (second * up).sum().item<double>() : 0.0;
+  BOOST_TEST(std::abs(got_uw - want_uw) <= 1e-9 * (1 + std::abs(want_uw)),
+             what << ": <w, H u> by forward over forward " << got_uw << ", by reverse " << want_uw);
+}
+
+BOOST_AUTO_TEST_CASE(forward_over_reverse_fused_backward_ops) {
+  manual_seed(12);
+  const Tensor keep = rand({2, 3, 4}, kFloat64) > 0.3;
+  const Tensor classes = from_vector(std::vector<int64_t>{0, 3, 2, 1}, {4});
+  const std::vector<std::tuple<std::string, Fn, std::vector<Tensor>>> cases = {
+      {"matmul",
+       [](const auto& v) { return matmul(v[0], v[1]) * matmul(v[0], v[1]); },
+       {leaf({3, 4}), leaf({4, 5})}},
+      {"bmm",
+       [](const auto& v) { return tanh(bmm(v[0], v[1])); },
+       {leaf({2, 3, 4}), leaf({2, 4, 5})}},
+      {"linear",
+       [](const auto& v) { return tanh(linear(v[0], v[1], v[2])); },
+       {leaf({2, 3, 4}), leaf({5, 4}), leaf({5})}},
+      {"linear of a transposed input, no bias",
+       [](const auto& v) {
+         return linear(v[0].transpose(0, 1), v[1]) * linear(v[0].transpose(0, 1), v[1]);
+       },
+       {leaf({4, 3}), leaf({2, 4})}},
+      {"layer_norm",
+       [](const auto& v) { return layer_norm(v[0], {4}, v[1], v[2]) * v[0]; },
+       {leaf({3, 4}), leaf({4}), leaf({4})}},
+      {"layer_norm 2-D normalized_shape, no affine",
+       [](const auto& v) {
+         return tanh(layer_norm(v[0], {2, 3}, {}, {}, 1e-3));
+       },
+       {leaf({4, 2, 3})}},
+      {"dropout",
+       [](const auto& v) {
+         manual_seed(5);
+         return dropout(v[0] * v[0], 0.4, true);
+       },
+       {leaf({3, 5})}},
+      {"head_attention with keep",
+       [&](const auto& v) { return tanh(head_attention(v[0], v[1], v[2], 2, keep).values); },
+       {leaf({2, 3, 6}), leaf({2, 4, 6}), leaf({2, 4, 6})}},
+      {"head_attention with dropout",
+       [](const auto& v) {
+         manual_seed(3);
+         return head_attention(v[0], v[1], v[2], 3, Tensor(), 0.3).values * v[0];
+       },
+       {leaf({2, 3, 6}), leaf({2, 3, 6}), leaf({2, 3, 6})}},
+      {"softmax", [](const auto& v) { return softmax(v[0], 1) * v[0]; }, {leaf({3, 4})}},
+      {"log_softmax", [](const auto& v) { return tanh(log_softmax(v[0], 0)); }, {leaf({3, 4})}},
+      {"scaled_dot_product_attention",
+       [](const auto& v) { return tanh(scaled_dot_product_attention(v[0], v[1], v[2])); },
+       {leaf({2, 3, 4}), leaf({2, 5, 4}), leaf({2, 5, 2})}},
+      {"cross_entropy",
+       [&](const auto& v) { return cross_entropy(v[0] * v[0], classes, Reduction::Mean, 2, 0.1); },
+       {leaf({4, 5})}},
+      {"nll_loss",
+       [&](const auto& v) {
+         return nll_loss(log_softmax(v[0], 1) * v[0], classes, Reduction::Sum);
+       },
+       {leaf({4, 5})}},
+      {"mse_loss",
+       [](const auto& v) { return mse_loss(tanh(v[0]), v[1]); },
+       {leaf({3, 4}), leaf({3, 4})}},
+      {"kl_div",
+       [](const auto& v) { return kl_div(tanh(v[0]), exp(v[1]), Reduction::None); },
+       {leaf({3, 4}), leaf({3, 4})}},
+  };
+  for (const auto& [name, f, inputs] : cases) {
+    try {
+      expect_forward_over_reverse(f, inputs, name);
+    } catch (const std::exception& e) {
+      BOOST_ERROR(name << ": " << e.what());
+    }
+  }
+}
+
+void check_forward_ad_on_device() {
+  if (!cuda::is_available()) return;
+  manual_seed(21);
+  const auto on_device = [](const Shape& shape) {
+    return leaf(shape).detach().to(kCUDA).requires_grad_();
+  };
+  const Tensor classes = from_vector(std::vector<int64_t>{0, 3, 2, 1}, {4}).to(kCUDA);
+  const std::vector<std::tuple<std::string, Fn, std::vector<Tensor>>> cases = {
+      {"matmul",
+       [](const auto& v) { return matmul(v[0], v[1]); },
+       {on_device({2, 3, 4}), on_device({4, 5})}},
+      {"bmm",
+       [](const auto& v) { return bmm(v[0], v[1]); },
+       {on_device({2, 3, 4}), on_device({2, 4, 5})}},
+      {"linear",
+       [](const auto& v) { return linear(v[0], v[1], v[2]); },
+       {on_device({2, 3, 4}), on_device({5, 4}), on_device({5})}},
+      {"softmax", [](const auto& v) { return softmax(v[0], 1); }, {on_device({3, 4})}},
+      {"log_softmax", [](const auto& v) { return log_softmax(v[0], 0); }, {on_device({3, 4})}},
+      {"layer_norm",
+       [](const auto& v) { return layer_norm(v[0], {4}, v[1], v[2]); },
+       {on_device({3, 4}), on_device({4}), on_device({4})}},
+      {"dropout",
+       [](const auto& v) {
+         manual_seed(5);
+         return dropout(v[0], 0.4, true);
+       },
+       {on_device({3, 5})}},
+      {"to(Device)",
+       [](const auto& v) { return v[0].to(kCPU, kFloat64).to(kCUDA) * v[0]; },
+       {on_device({2, 3})}},
+      {"clone",
+       [](const auto& v) { return v[0].transpose(0, 1).contiguous() * 2.0; },
+       {on_device({2, 3})}},
+      {"cross_entropy",
+       [&](const auto& v) { return cross_entropy(v[0], classes, Reduction::Mean, 2, 0.1); },
+       {on_device({4, 5})}},
+      {"cross_entropy none",
+       [&](const auto& v) { return cross_entropy(v[0], classes, Reduction::None); },
+       {on_device({4, 5})}},
+      {"scaled_dot_product_attention causal",
+       [](const auto& v) { return scaled_dot_product_attention(v[0], v[1], v[2], {}, 0.0, true); },
+       {on_device({2, 4, 3}), on_device({2, 5, 3}), on_device({2, 5, 2})}},
+      {"head_attention",
+       [](const auto& v) { return head_attention(v[0], v[1], v[2], 2).values; },
+       {on_device({2, 3, 4}), on_device({2, 5, 4}), on_device({2, 5, 4})}},
+  };
+  GradcheckOptions options;
+  options.check_forward_ad = true;
+  for (const auto& [name, f, inputs] : cases) {
+    try {
+      check_gradient(f, inputs, name + " on the device", options);
+    } catch (const std::exception& e) {
+      BOOST_ERROR(name << " on the device: " << e.what());
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
