@@ -235,6 +235,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kConvOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kConvOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kConvOps); }

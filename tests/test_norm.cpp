@@ -145,6 +145,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kNormOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kNormOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kNormOps); }

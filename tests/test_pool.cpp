@@ -184,6 +184,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kPoolOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kPoolOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kPoolOps); }

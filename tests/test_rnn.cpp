@@ -213,6 +213,7 @@ BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kRNNOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kRNNOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kRNNOps); }
