@@ -1,12 +1,15 @@
-// Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck and
-// gradgradcheck on three layouts, the PyTorch golden values and gradients and the edge cases; then
-// gradcheck and gradgradcheck through views and edge shapes, the backwards recorded as ops under
-// create_graph, sort's NaN order, other dtypes, and every error path.
+// Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck,
+// gradgradcheck and forward mode (first order, second order by nested levels and forward over
+// reverse: tests/forward_ad_rows.h, and on the device) on its layouts, the PyTorch golden values
+// and gradients and the edge cases; then gradcheck (with forward mode) and gradgradcheck through
+// views and edge shapes, embedding in forward mode with its padding row, the backwards recorded
+// as ops under create_graph, sort's NaN order, other dtypes, and every error path.
 #include <limits>
 
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
+#include "tests/forward_ad_rows.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -139,12 +142,17 @@ BOOST_AUTO_TEST_SUITE(test_index)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad_second_order) { check_forward_second_order(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_shapes) { check_edge_shapes(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_anomaly) { check_anomaly(kIndexOps); }
-BOOST_AUTO_TEST_CASE(table_on_device) { check_on_device(kIndexOps); }
+// The forward rules run there too: ctest device_emulated runs the table_on_device cases.
+BOOST_AUTO_TEST_CASE(table_on_device) {
+  check_on_device(kIndexOps);
+  check_forward_on_device(kIndexOps);
+}
 
 namespace {
 
@@ -224,10 +232,13 @@ std::vector<std::pair<std::string, Fn>> views_and_edge_shapes() {
 
 }  // namespace
 
+// With the forward rules' columns (check_forward_ad) against the same finite differences.
 BOOST_AUTO_TEST_CASE(gradcheck_views_and_edge_shapes) {
   manual_seed(12);
   Inputs inputs = {leaf({2, 3, 4}), leaf({3, 1}), leaf({2, 37})};
-  for (const auto& [name, f] : views_and_edge_shapes()) check_gradient(f, inputs, name);
+  GradcheckOptions forward;
+  forward.check_forward_ad = true;
+  for (const auto& [name, f] : views_and_edge_shapes()) check_gradient(f, inputs, name, forward);
 }
 
 // Second derivatives beyond the table: the views and edge shapes above; 0-d gather and
@@ -304,6 +315,38 @@ BOOST_AUTO_TEST_CASE(double_backward_records_ops) {
   const Tensor dw = autograd::grad({topk(w, 2).values}, {w}, {h}, std::nullopt, true)[0];
   BOOST_TEST((dw.to_vector<double>() == std::vector<double>{5, 0, 7}));
   BOOST_TEST(dw.grad_fn()->name() == "ScatterAddBackward");
+}
+
+// embedding in forward mode (its table rows are test_nn_functional's): the padding row's
+// tangent is held at zero, as the backward gives that row no gradient, so forward and reverse
+// agree; with and without a padding row, the second derivatives by nested levels and by forward
+// over reverse (embedding_backward's rule), on the CPU and the device.
+BOOST_AUTO_TEST_CASE(forward_ad_embedding) {
+  namespace fa = ember::autograd::forward_ad;
+  manual_seed(14);
+  const Tensor w = randn({5, 3}, kFloat64), u = randn({5, 3}, kFloat64);
+  const Tensor idx = from_vector(std::vector<int64_t>{1, 4, 4, 2, 0, 4}, {3, 2});
+  {
+    fa::DualLevel level;
+    const Tensor t = fa::unpack_dual(embedding(fa::make_dual(w, u), idx, 4)).tangent;
+    Tensor held = u.clone();
+    held.narrow(0, 4, 1).fill_(0.0);
+    expect_close(t, embedding(held, idx), 0, 0, "tangent with padding row 4");
+    expect_close(fa::unpack_dual(embedding(fa::make_dual(w, u), idx)).tangent, embedding(u, idx), 0,
+                 0, "tangent without a padding row");
+  }
+  // Squared, so that the second derivatives are not zero.
+  // clang-format off
+  const std::vector<OpCase> rows = {
+      {"embedding padding_idx 4", "", {{5, 3}}, {},
+       [](auto& v) { return pow(embedding(v[0], ints({1, 4, 4, 2, 0, 4}).reshape({3, 2}), 4), 2.0); }},
+      {"embedding", "", {{5, 3}}, {},
+       [](auto& v) { return pow(embedding(v[0], ints({1, 4, 4, 2, 0, 4}).reshape({3, 2})), 2.0); }},
+  };
+  // clang-format on
+  check_forward_second_order(rows);
+  check_forward_gradients({rows[1]});  // finite differences see the padding row move
+  check_forward_on_device({rows[1]});
 }
 
 // Float64 values through the same graph twice: a repeated index and a repeated tile both add up.
