@@ -197,6 +197,31 @@ BOOST_AUTO_TEST_CASE(double_backward) {
              "ReverseCumsumBackward");
 }
 
+// Forward mode beyond the table: sum_to (the reduction of broadcasting's backward) over leading
+// and size-1 dims, max's ties (the tangent of max(x) is the mean of the tied elements' tangents,
+// as its backward splits the gradient; max along a dim takes the first of the ties), and std at
+// a constant input (a zero tangent, as its zero gradient).
+BOOST_AUTO_TEST_CASE(forward_ad_sum_to_ties_and_constants) {
+  namespace fa = ember::autograd::forward_ad;
+  manual_seed(18);
+  GradcheckOptions forward;
+  forward.check_forward_ad = true;
+  check_gradient(
+      [](const std::vector<Tensor>& v) {
+        return sum_to(v[0], {3, 1});
+      },
+      {leaf({2, 3, 4})}, "sum_to [3, 1]", forward);
+  check_gradient([](const std::vector<Tensor>& v) { return sum_to(v[0].transpose(0, 1), {4}); },
+                 {leaf({4, 3})}, "sum_to [4] of a transposed input", forward);
+  fa::DualLevel level;
+  const Tensor t = tensor({1, 3, 3, 2}, kFloat64), u = tensor({10, 20, 40, 80}, kFloat64);
+  const Tensor x = fa::make_dual(t, u);
+  BOOST_TEST(fa::unpack_dual(x.max()).tangent.item<double>() == 30.0);
+  BOOST_TEST(fa::unpack_dual(max(x, 0).values).tangent.item<double>() == 20.0);
+  const Tensor c = fa::make_dual(full({4}, 2.0, kFloat64), u);
+  BOOST_TEST(fa::unpack_dual(c.std({})).tangent.item<double>() == 0.0);
+}
+
 BOOST_AUTO_TEST_CASE(errors) {
   expect_error([] { sum(ones({2, 3}), {2}); }, {"sum", "dim 2", "2 dims"});
   expect_error([] { sum(ones({2, 3}), {1, -1}); }, {"sum", "more than once"});
