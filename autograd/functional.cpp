@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "autograd/engine.h"
+#include "autograd/forward_ad.h"
 #include "graph/autograd.h"
 #include "graph/creation.h"
 #include "graph/error.h"
@@ -116,31 +117,99 @@ VJP vjp(const Fn& f, const std::vector<Tensor>& inputs, const Tensor& v, bool cr
   return result;
 }
 
-// The double-vjp trick: g(u) = Jᵀ u for a dummy u is linear in u, and the vjp of g with v is J v.
+// In forward mode (Note [Forward grads] in graph/forward_ad.h): the inputs made dual with v at
+// a level of its own, f run once, the output's tangent read back.
 JVP jvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
         bool create_graph) {
   constexpr std::string_view op = "jvp";
   profile::Scope scope(op);
-  GradModeScope grad_mode(true);
   check_tangents(v, inputs, op);
-  const std::vector<Tensor> xs = prepare(inputs, create_graph, op);
+  EMBER_CHECK(!inputs.empty(), "{}: no inputs", op);
+  GradModeScope grad_mode(create_graph);
+  forward_ad::DualLevel level;
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    EMBER_CHECK(x.defined(), "{}: input {} is undefined", op, i);
+    EMBER_CHECK(is_floating(x.dtype()),
+                "{}: input {} is {}; only floating tensors can be differentiated", op, i,
+                x.dtype());
+    EMBER_CHECK(v[i].dtype() == x.dtype() && v[i].device() == x.device(),
+                "{}: v {} is {} on {}, but input {} is {} on {}", op, i, v[i].dtype(),
+                v[i].device(), i, x.dtype(), x.device());
+    xs.push_back(
+        forward_ad::make_dual(create_graph ? x : x.detach(), create_graph ? v[i] : v[i].detach()));
+  }
   const Tensor out = call(f, xs, op);
-  JVP result{create_graph ? out : out.detach(), zeros(out.shape(), out.dtype(), out.device())};
-  if (!out.requires_grad()) return result;
-  const Tensor u = zeros(out.shape(), out.dtype(), out.device()).requires_grad_();
-  const std::vector<Tensor> g = detail::grad_for_graph({out}, xs, {u});  // only differentiated
-  std::vector<Tensor> outputs, cotangents;
-  for (size_t i = 0; i < g.size(); ++i)
-    if (g[i].defined() && g[i].requires_grad()) outputs.push_back(g[i]), cotangents.push_back(v[i]);
-  if (outputs.empty()) return result;
-  result.jvp = finish(grad(outputs, {u}, cotangents, create_graph, create_graph, true)[0], out,
-                      create_graph);
-  return result;
+  const forward_ad::UnpackedDual dual = forward_ad::unpack_dual(out);
+  Tensor tangent = dual.tangent;
+  if (!tangent.defined()) {
+    tangent = zeros(out.shape(), out.dtype(), out.device());
+  } else {
+    for (const Tensor& given : v)  // f returned an input: J v is v, given back as a copy
+      if (given.impl()->storage == tangent.impl()->storage) tangent = tangent.clone();
+  }
+  return {create_graph ? dual.primal : dual.primal.detach(),
+          create_graph ? tangent : tangent.detach()};
+}
+
+// Column j of the Jacobian is the jvp with the j-th unit vector of the input.
+Tensor jacfwd(const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
+  constexpr std::string_view op = "jacfwd";
+  profile::Scope scope(op);
+  EMBER_CHECK(x.defined(), "{}: the input is undefined", op);
+  EMBER_CHECK(is_floating(x.dtype()),
+              "{}: the input is {}; only floating tensors can be differentiated", op, x.dtype());
+  NoGradGuard no_grad;
+  const Tensor units = eye(x.numel(), x.dtype()).to(x.device());
+  const Fn g = [&](const std::vector<Tensor>& in) { return f(in[0]); };
+  std::vector<Tensor> columns;
+  Shape out_shape;
+  for (int64_t j = 0; j < x.numel(); ++j) {
+    const JVP column = jvp(g, {x}, {units.select(0, j).reshape(x.shape())});
+    out_shape = column.output.shape();
+    columns.push_back(column.jvp.reshape({-1}));
+  }
+  if (columns.empty()) {  // an empty input: f's output shape, then x's
+    out_shape = call(g, {x.detach()}, op).shape();
+    Shape shape = out_shape;
+    shape.insert(shape.end(), x.shape().begin(), x.shape().end());
+    return zeros(shape, x.dtype(), x.device());
+  }
+  Shape shape = out_shape;
+  shape.insert(shape.end(), x.shape().begin(), x.shape().end());
+  return stack(columns, -1).reshape(shape);
 }
 
 HVP hvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
         bool create_graph) {
   return hessian_vector(f, inputs, v, create_graph, "hvp");
+}
+
+// Forward over reverse: the gradient taken with create_graph inside a dual level whose inputs
+// carry v, so the backward's ops carry tangents and the gradient's tangent is H v.
+HVP hvp_forward_over_reverse(const Fn& f, const std::vector<Tensor>& inputs,
+                             const std::vector<Tensor>& v, bool create_graph) {
+  constexpr std::string_view op = "hvp";
+  profile::Scope scope(op);
+  GradModeScope grad_mode(true);
+  check_tangents(v, inputs, op);
+  const std::vector<Tensor> leaves = prepare(inputs, create_graph, op);
+  forward_ad::DualLevel level;
+  std::vector<Tensor> xs;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    xs.push_back(forward_ad::make_dual(leaves[i], create_graph ? v[i] : v[i].detach()));
+  const Tensor out = call(f, xs, op);
+  check_one_element(out, op);
+  const Tensor primal = forward_ad::unpack_dual(out).primal;
+  HVP result{create_graph ? primal : primal.detach(), {}};
+  if (!out.requires_grad()) return result.hvp = finish({}, xs, false), result;
+  const std::vector<Tensor> g = grad({out}, xs, {}, true, true, true);
+  std::vector<Tensor> tangents;
+  for (const Tensor& gi : g)
+    tangents.push_back(gi.defined() ? forward_ad::unpack_dual(gi).tangent : Tensor());
+  result.hvp = finish(tangents, leaves, create_graph);
+  return result;
 }
 
 HVP vhp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,

@@ -6,10 +6,11 @@
 // alone; an input the output does not reach gets zeros; the results are detached unless
 // create_graph, which records them so they can be differentiated again.
 //
-// jvp uses the double-vjp trick (torch's too): with u a dummy cotangent, g(u) = Jᵀu is linear in
-// u, and the vjp of g with v is J v. hvp computes vᵀH (vhp) and returns it as H v: the Hessian of
-// a twice-differentiable scalar function is symmetric, so both are the same vector, and this way
-// costs one backward pass fewer than torch's double-backward hvp.
+// jvp runs in forward mode (autograd/forward_ad.h): f once, with the inputs carrying v as
+// tangents; every op f calls needs a forward rule (an Error names one that has none). hvp computes
+// vᵀH (vhp) and returns it as H v: the Hessian of a twice-differentiable scalar function is
+// symmetric, so both are the same vector, and this way costs one backward pass fewer than torch's
+// double-backward hvp.
 #pragma once
 
 #include <functional>
@@ -45,8 +46,16 @@ HVP hvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor
         bool create_graph = false);
 HVP vhp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor>& v,
         bool create_graph = false);
+// H v by forward over reverse (a jvp of the gradient: the gradient taken with create_graph while
+// the inputs carry v as tangents), the other way hvp could go; ember_bench's hvp/ rows time both
+// (BENCHMARKS.md).
+HVP hvp_forward_over_reverse(const Fn& f, const std::vector<Tensor>& inputs,
+                             const std::vector<Tensor>& v, bool create_graph = false);
 
 // The Jacobian of f at x, of shape f(x).shape + x.shape (one backward pass per output element).
+// jacfwd: the same by forward mode, one dual pass per input element (the cheaper one when x has
+// fewer elements than f(x)).
+Tensor jacfwd(const std::function<Tensor(const Tensor&)>& f, const Tensor& x);
 Tensor jacobian(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
                 bool create_graph = false);
 // The Hessian of f at x, f returning one element: of shape x.shape + x.shape.

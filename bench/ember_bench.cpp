@@ -405,6 +405,7 @@ int main(int argc, char** argv) {
   add_grain_workloads();
   add_conv_workloads();
   add_rnn_workloads();
+  add_jvp_workloads();
 
   if (o.paired && !o.list && !o.smoke) return run_paired(o);
   nlohmann::json results = nlohmann::json::array();

@@ -2,10 +2,11 @@
 // 2019, the continuous-time Burgers example): an MLP u(x, t) fitted to 100 initial and boundary
 // values and to the PDE's residual f = u_t + u u_x - (0.01/pi) u_xx at 10,000 collocation
 // points. The residual holds the network's own derivatives with respect to its input, taken by
-// autograd::grad with create_graph, so every training step differentiates through a second
-// derivative. Adam first, then L-BFGS with the strong Wolfe line search; the relative L2 error
-// against the exact solution (examples/burgers.h) on a 256 x 100 grid. Failures end as one line
-// on stderr and a non-zero exit (examples/program.h).
+// autograd::grad with create_graph (--derivatives reverse) or by nested forward mode
+// (--derivatives forward: u_x and u_xx from a jvp of a jvp along x, u_t from a jvp along t), so
+// every training step differentiates through a second derivative. Adam first, then L-BFGS with the
+// strong Wolfe line search; the relative L2 error against the exact solution (examples/burgers.h)
+// on a 256 x 100 grid. Failures end as one line on stderr and a non-zero exit (examples/program.h).
 #include <chrono>
 #include <cmath>
 #include <numbers>
@@ -34,6 +35,7 @@ struct Config {
   uint64_t seed = 1234;
   int threads = 0;
   std::string device = "cpu";
+  bool forward_derivatives = false;  // --derivatives forward
 };
 
 // u(x, t): `layers` Linear layers (layers - 1 hidden ones of `width` tanh units) on the inputs
@@ -116,9 +118,38 @@ Tensor residual(const Net& net, const Data& d) {
   return u_t + u * u_x - u_xx * burgers::kNu;
 }
 
+// The same residual with the derivatives by forward mode: along x a jvp of a jvp (the inner
+// level's tangent is u_x, and its tangent at the outer level u_xx), along t one jvp. The
+// tangents' ops are recorded, so the loss differentiates with respect to the parameters.
+Tensor residual_forward(const Net& net, const Data& d) {
+  namespace fa = autograd::forward_ad;
+  const Tensor x = d.x_f.detach(), t = d.t_f.detach(), one = ones_like(x);
+  Tensor u, u_x, u_xx, u_t;
+  {
+    fa::DualLevel outer;
+    const Tensor x_outer = fa::make_dual(x, one);
+    Tensor du;  // u_x, carrying u_xx at the outer level
+    {
+      fa::DualLevel inner;
+      const fa::UnpackedDual y =
+          fa::unpack_dual(net.forward(cat({fa::make_dual(x_outer, one), t}, 1)));
+      u = y.primal, du = y.tangent;
+    }
+    const fa::UnpackedDual second = fa::unpack_dual(du);
+    u_x = second.primal, u_xx = second.tangent;
+    u = fa::unpack_dual(u).primal;
+  }
+  {
+    fa::DualLevel along_t;
+    u_t = fa::unpack_dual(net.forward(cat({x, fa::make_dual(t, one)}, 1))).tangent;
+  }
+  return u_t + u * u_x - u_xx * burgers::kNu;
+}
+
 // MSE_u + MSE_f, as the paper's loss.
-Tensor loss_of(const Net& net, const Data& d) {
-  return mse_loss(net.forward(d.xt_u), d.u) + pow(residual(net, d), 2).mean();
+Tensor loss_of(const Net& net, const Data& d, bool forward_derivatives) {
+  const Tensor f = forward_derivatives ? residual_forward(net, d) : residual(net, d);
+  return mse_loss(net.forward(d.xt_u), d.u) + pow(f, 2).mean();
 }
 
 struct Evaluation {
@@ -188,6 +219,11 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "float32 (as the paper's) or float64")
       ->check(CLI::IsMember({"float32", "float64"}));
   app.add_option("--seed", c.seed, "random seed (data and initial weights)");
+  std::string derivatives = "reverse";
+  app.add_option("--derivatives", derivatives,
+                 "the residual's u_t, u_x, u_xx by reverse mode (autograd::grad) or by nested "
+                 "forward mode")
+      ->check(CLI::IsMember({"forward", "reverse"}));
   program::add_threads_option(app, c.threads);
   program::add_device_option(app, c.device);
   app.add_option("--out", out, "output directory");
@@ -196,6 +232,7 @@ int main(int argc, char** argv) {
                              {"metrics.json", "model.safetensors", "solution.svg", "loss.svg"});
     set_num_threads(c.threads);
     c.dtype = dtype == "float64" ? kFloat64 : kFloat32;
+    c.forward_derivatives = derivatives == "forward";
     const Device device = program::device_of(c.device);
     manual_seed(c.seed);
     std::mt19937_64 gen(c.seed);
@@ -221,7 +258,7 @@ int main(int argc, char** argv) {
     optim::Adam adam(params, {.lr = c.adam_lr});
     for (int64_t it = 1; it <= c.adam_iters; ++it) {
       adam.zero_grad();
-      Tensor loss = loss_of(net, data);
+      Tensor loss = loss_of(net, data, c.forward_derivatives);
       adam_loss.push_back(loss.item<double>());
       check(adam_loss.back(), "Adam", adam_loss.size());
       loss.backward();
@@ -245,7 +282,7 @@ int main(int argc, char** argv) {
                                   .curvature_eps = c.lbfgs_curvature_eps});
       lbfgs.step([&] {
         lbfgs.zero_grad();
-        Tensor loss = loss_of(net, data);
+        Tensor loss = loss_of(net, data, c.forward_derivatives);
         lbfgs_loss.push_back(loss.item<double>());
         check(lbfgs_loss.back(), "L-BFGS", lbfgs_loss.size());
         loss.backward();
@@ -285,6 +322,7 @@ int main(int argc, char** argv) {
           {"lbfgs_round", c.lbfgs_round},
           {"lbfgs_curvature_eps", c.lbfgs_curvature_eps},
           {"dtype", dtype},
+          {"derivatives", derivatives},
           {"seed", c.seed},
           {"threads", get_num_threads()},
           {"device", device.str()},

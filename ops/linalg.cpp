@@ -876,7 +876,8 @@ struct LinearGradBackward final : Node {
   //   d(dX) = tdY W + dY tW,   d(dW) = tdYᵀ X + dYᵀ tX,   d(dB) = Σ_rows tdY
   std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
                           const std::vector<Tensor>& out) override {
-    const int64_t n_out = in[2].size(0), n_in = in[2].size(1);
+    // x or W is undefined where the other needs no gradient (LinearBackward saves neither then)
+    const int64_t n_out = in[0].size(-1), n_in = in[1].defined() ? in[1].size(-1) : in[2].size(1);
     const auto rows = [](const Tensor& a, int64_t n) { return reshape(a, {-1, n}); };
     const auto rows_t = [&](const Tensor& a) { return transpose(rows(a, n_out), 0, 1); };
     Tensor dx, dw, db;

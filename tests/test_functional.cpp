@@ -95,6 +95,11 @@ BOOST_AUTO_TEST_CASE(functional_matches_pytorch) {
   expect_close(c.output, g["hvp.out"], kRtol, kAtol, "hvp output");
   expect_close(c.hvp[0], g["hvp.x"], kRtol, kAtol, "hvp x");
   expect_close(c.hvp[1], g["hvp.w"], kRtol, kAtol, "hvp w");
+  const F::HVP fr = F::hvp_forward_over_reverse(scalar, {x, w}, {vx, vw});
+  expect_close(fr.output, g["hvp.out"], kRtol, kAtol, "forward-over-reverse hvp output");
+  expect_close(fr.hvp[0], g["hvp.x"], kRtol, kAtol, "forward-over-reverse hvp x");
+  expect_close(fr.hvp[1], g["hvp.w"], kRtol, kAtol, "forward-over-reverse hvp w");
+  BOOST_TEST(!fr.hvp[0].requires_grad());
   const F::HVP d = F::vhp(scalar, {x, w}, {vx, vw});
   expect_close(d.hvp[0], g["vhp.x"], kRtol, kAtol, "vhp x");
   expect_close(d.hvp[1], g["vhp.w"], kRtol, kAtol, "vhp w");
@@ -106,11 +111,34 @@ BOOST_AUTO_TEST_CASE(functional_matches_pytorch) {
       x);
   BOOST_TEST((jac.shape() == Shape{4, 5, 3, 4}));
   expect_close(jac, g["jacobian"], kRtol, kAtol, "jacobian");
+  const Tensor jac_fwd = F::jacfwd(
+      [&](const Tensor& x) {
+        return tanh(matmul(x.transpose(0, 1), A)) * x.sum({0}, true).transpose(0, 1);
+      },
+      x);
+  BOOST_TEST((jac_fwd.shape() == Shape{4, 5, 3, 4}));
+  expect_close(jac_fwd, g["jacfwd"], kRtol, kAtol, "jacfwd");
   const Tensor hess = F::hessian(s, x);
   BOOST_TEST((hess.shape() == Shape{3, 4, 3, 4}));
   expect_close(hess, g["hessian"], kRtol, kAtol, "hessian");
-  for (const Tensor& t : {a.output, a.vjp[0], b.jvp, c.hvp[1], jac, hess})
+  for (const Tensor& t : {a.output, a.vjp[0], b.jvp, c.hvp[1], jac, jac_fwd, hess})
     BOOST_TEST(!t.requires_grad(), "results are detached without create_graph");
+}
+
+// Forward over reverse through linear layers at constant points (linear_backward then has no
+// input gradient and saves no weight), against reverse over reverse.
+BOOST_AUTO_TEST_CASE(hvp_forward_over_reverse_of_parameters) {
+  manual_seed(12);
+  const Tensor points = randn({5, 2}, kFloat64);
+  const std::vector<Tensor> p = {randn({4, 2}, kFloat64), randn({4}, kFloat64),
+                                 randn({1, 4}, kFloat64), randn({1}, kFloat64)};
+  std::vector<Tensor> v;
+  for (const Tensor& t : p) v.push_back(randn(t.shape(), kFloat64));
+  const auto loss = [&](const std::vector<Tensor>& q) {
+    return pow(linear(tanh(linear(points, q[0], q[1])), q[2], q[3]), 2.0).mean();
+  };
+  const F::HVP a = F::hvp(loss, p, v), b = F::hvp_forward_over_reverse(loss, p, v);
+  for (size_t i = 0; i < p.size(); ++i) expect_close(b.hvp[i], a.hvp[i], 1e-12, 1e-13, "H v");
 }
 
 BOOST_AUTO_TEST_CASE(create_graph_results_differentiate_again) {

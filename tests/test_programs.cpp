@@ -370,6 +370,29 @@ BOOST_AUTO_TEST_CASE(burgers_exact_solution) {
   }
 }
 
+// examples/pinn --derivatives forward: the residual's u_t, u_x, u_xx by nested forward mode give
+// reverse mode's losses, step by step, in Float64 (the same sums in another order: to rounding).
+BOOST_AUTO_TEST_CASE(pinn_forward_derivatives_equal_reverse) {
+  Scratch s;
+  const std::string tiny =
+      "--layers 3 --width 8 --n-u 40 --n-f 200 --adam-iters 10 "
+      "--lbfgs-iters 5 --threads 1 --dtype float64";
+  for (const char* mode : {"forward", "reverse"}) {
+    const Run r = run(s, "pinn", tiny + " --derivatives " + mode + " --out '" + s / mode + "'");
+    BOOST_TEST_REQUIRE(r.status == 0, r.err);
+  }
+  const auto fwd = nlohmann::json::parse(read_text(s / "forward/metrics.json"));
+  const auto rev = nlohmann::json::parse(read_text(s / "reverse/metrics.json"));
+  BOOST_TEST(fwd["config"]["derivatives"] == "forward");
+  for (const char* phase : {"adam", "lbfgs"}) {
+    const std::vector<double> a = fwd["loss_history"][phase], b = rev["loss_history"][phase];
+    BOOST_TEST_REQUIRE(a.size() == b.size(), phase);
+    for (size_t i = 0; i < a.size(); ++i)
+      BOOST_TEST(std::abs(a[i] - b[i]) <= 1e-9 * std::abs(b[i]),
+                 phase << " " << i << ": " << a[i] << " vs " << b[i]);
+  }
+}
+
 // examples/pinn: a short run writes its files with torch's parameter names and lowers the loss;
 // bad flags and a diverging run fail with one line.
 BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
@@ -409,6 +432,7 @@ BOOST_AUTO_TEST_CASE(pinn_trains_and_refuses_bad_input) {
                       {"pinn", "--lbfgs-round -1" + out, "--lbfgs-round"},
                       {"pinn", "--lbfgs-curvature-eps -1e-3" + out, "--lbfgs-curvature-eps"},
                       {"pinn", "--dtype float16" + out, "--dtype"},
+                      {"pinn", "--derivatives sideways" + out, "--derivatives"},
                       {"pinn", "--threads 100000" + out, "--threads"}});
   BOOST_TEST(!fs::exists(s / "bad"), "a refused run created its output directory");
   const std::string saved = read_text(s / "out/model.safetensors");

@@ -327,6 +327,44 @@ rnn_layer("lstm", nn.LSTM, 4)
 rnn_layer("gru", nn.GRU, 3)
 
 
+# --- forward mode: a jvp of an MLP 512-1024-1024-512 (tanh), batch 256, against its input
+
+def jvp_mlp():
+    name = "jvp/mlp 512-1024-1024-512 tanh b256"
+    flops = 2.0 * 256 * (512 * 1024 + 1024 * 1024 + 1024 * 512)
+
+    def make(tiny):
+        sizes = [4, 6, 6, 4] if tiny else [512, 1024, 1024, 512]
+        layers = []
+        for i in range(len(sizes) - 1):
+            layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+            if i + 2 < len(sizes):
+                layers.append(nn.Tanh())
+        mlp = nn.Sequential(*layers).requires_grad_(False)
+        b = 2 if tiny else 256
+        return mlp, torch.randn(b, sizes[0]), torch.randn(b, sizes[0])
+
+    @workload(f"{name} forward", flops)
+    def _(tiny):
+        mlp, x, _ = make(tiny)
+
+        def step():
+            with torch.no_grad():
+                mlp(x)
+        return step
+
+    @workload(f"{name} jvp forward mode", 2 * flops)
+    def _(tiny):
+        mlp, x, v = make(tiny)
+
+        def step():
+            torch.func.jvp(mlp, (x,), (v,))
+        return step
+
+
+jvp_mlp()
+
+
 # --- D2L 11.2 parametric attention pooling: one epoch of training
 
 class NWKernelRegression(nn.Module):

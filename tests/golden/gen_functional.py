@@ -57,6 +57,8 @@ def g(x):  # (3, 5) from (3, 4)... with A fixed: x[:, :3].T-free form
 
 
 out["jacobian"] = jacobian(g, x)  # (4, 5, 3, 4)
+# the same Jacobian by forward mode (Ember's functional::jacfwd; torch.func.jacfwd's columns)
+out["jacfwd"] = jacobian(g, x, vectorize=True, strategy="forward-mode")
 
 
 def s(x):
