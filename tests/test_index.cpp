@@ -1,15 +1,15 @@
 // Gather/scatter ops (ops/index.cpp): one table of cases (tests/op_table.h) drives gradcheck,
-// gradgradcheck and forward mode (first order, second order by nested levels and forward over
-// reverse: tests/forward_ad_rows.h, and on the device) on its layouts, the PyTorch golden values
-// and gradients and the edge cases; then gradcheck (with forward mode) and gradgradcheck through
-// views and edge shapes, embedding in forward mode with its padding row, the backwards recorded
-// as ops under create_graph, sort's NaN order, other dtypes, and every error path.
+// gradgradcheck and forward mode (first order, forward over forward and forward over reverse from
+// tests/forward_over_forward.h, and on the device), the PyTorch golden values and gradients and
+// the edge cases; then gradcheck (with forward mode) and gradgradcheck through views and edge
+// shapes, embedding in forward mode with its padding row, the backwards recorded as ops under
+// create_graph, sort's NaN order, other dtypes, and every error path.
 #include <limits>
 
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
-#include "tests/forward_ad_rows.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -142,7 +142,8 @@ BOOST_AUTO_TEST_SUITE(test_index)
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kIndexOps); }
-BOOST_AUTO_TEST_CASE(table_forward_ad_second_order) { check_forward_second_order(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kIndexOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kIndexOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kIndexOps); }
@@ -319,8 +320,8 @@ BOOST_AUTO_TEST_CASE(double_backward_records_ops) {
 
 // embedding in forward mode (its table rows are test_nn_functional's): the padding row's
 // tangent is held at zero, as the backward gives that row no gradient, so forward and reverse
-// agree; with and without a padding row, the second derivatives by nested levels and by forward
-// over reverse (embedding_backward's rule), on the CPU and the device.
+// agree; with and without a padding row, forward over forward and forward over reverse
+// (embedding_backward's rule), and on the device.
 BOOST_AUTO_TEST_CASE(forward_ad_embedding) {
   namespace fa = ember::autograd::forward_ad;
   manual_seed(14);
@@ -344,7 +345,8 @@ BOOST_AUTO_TEST_CASE(forward_ad_embedding) {
        [](auto& v) { return pow(embedding(v[0], ints({1, 4, 4, 2, 0, 4}).reshape({3, 2})), 2.0); }},
   };
   // clang-format on
-  check_forward_second_order(rows);
+  check_forward_over_forward(rows);
+  check_forward_over_reverse(rows);
   check_forward_gradients({rows[1]});  // finite differences see the padding row move
   check_forward_on_device({rows[1]});
 }

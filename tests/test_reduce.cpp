@@ -1,14 +1,14 @@
 // Reductions: one table of cases (tests/op_table.h) over dims lists, negative dims, keepdim and
-// size-1 dims drives gradcheck on three layouts, forward mode (first order, second order by
-// nested levels and forward over reverse: tests/forward_ad_rows.h, and on the device), the
-// PyTorch golden values and the edge cases; then max/argmax ties and indices, dtypes and errors.
+// size-1 dims drives gradcheck on three layouts, forward mode (first order, forward over forward
+// and forward over reverse from tests/forward_over_forward.h, and on the device), the PyTorch
+// golden values and the edge cases; then max/argmax ties and indices, dtypes and errors.
 #include <cmath>
 #include <limits>
 
 #include <boost/test/unit_test.hpp>
 
 #include "tests/edge_shapes.h"
-#include "tests/forward_ad_rows.h"
+#include "tests/forward_over_forward.h"
 
 using namespace ember;
 using namespace ember::testing;
@@ -95,7 +95,8 @@ BOOST_AUTO_TEST_CASE(sum_over_leading_dims) {
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kReduceOps); }
-BOOST_AUTO_TEST_CASE(table_forward_ad_second_order) { check_forward_second_order(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_forward) { check_forward_over_forward(kReduceOps); }
+BOOST_AUTO_TEST_CASE(table_forward_over_reverse) { check_forward_over_reverse(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kReduceOps); }
