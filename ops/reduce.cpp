@@ -208,6 +208,7 @@ struct SumBackward final : Node {
     std::vector<int64_t> dims;
     for (size_t d = 0; d < reduce_.size(); ++d)
       if (reduce_[d]) dims.push_back(static_cast<int64_t>(d));
+    // no dim reduced (sum's empty dims list would mean every dim): the tangent itself
     if (dims.empty() && !reduce_.empty()) return {reshape(t[0], out[0].shape())};
     return {reshape(sum(t[0], dims, keepdim_), out[0].shape())};
   }
