@@ -58,8 +58,13 @@ double forward_column(const std::function<Tensor(const std::vector<Tensor>&)>& f
   basis[j] = 1.0;
   autograd::forward_ad::DualLevel level;
   std::vector<Tensor> dual = inputs;
-  dual[i] =
-      autograd::forward_ad::make_dual(x, from_vector(basis, x.shape(), x.dtype()).to(x.device()));
+  // under grad mode, so the dual view stays linked to its leaf (gradgradcheck's f differentiates
+  // in the leaves)
+  {
+    GradModeScope grad_mode(true);
+    dual[i] =
+        autograd::forward_ad::make_dual(x, from_vector(basis, x.shape(), x.dtype()).to(x.device()));
+  }
   const Tensor tangent = autograd::forward_ad::unpack_dual(f(dual)).tangent;
   return tangent.defined() ? dot(tangent, v) : 0.0;
 }
@@ -178,12 +183,14 @@ GradcheckResult gradgradcheck(const std::function<Tensor(const std::vector<Tenso
   std::vector<Tensor> all_inputs = inputs;
   all_inputs.push_back(grad_output);
   // x, v -> the first derivatives vᵀ J, one flat tensor (zeros where f does not reach an input).
-  const auto first_derivatives = [&](const std::vector<Tensor>&) {
+  // It reads the tensors gradcheck hands it (the same ones, or dual views of them under
+  // check_forward_ad, whose tangents then flow through the backward's ops).
+  const auto first_derivatives = [&](const std::vector<Tensor>& in) {
     GradModeScope grad_mode(true);  // gradcheck evaluates under NoGradGuard
-    const Tensor y = f(inputs);
+    const Tensor y = f(std::vector<Tensor>(in.begin(), in.end() - 1));
     if (!y.requires_grad()) return zeros({0}, kFloat64, y.device());
     const std::vector<Tensor> grads =
-        autograd::grad({y}, differentiable, {grad_output}, true, true, true);
+        autograd::grad({y}, differentiable, {in.back()}, true, true, true);
     std::vector<Tensor> flat;
     for (size_t i = 0; i < grads.size(); ++i)
       flat.push_back(grads[i].defined() ? grads[i].reshape({-1})

@@ -246,6 +246,31 @@ BOOST_AUTO_TEST_CASE(forward_over_reverse) {
   const std::vector<Tensor> g = autograd::grad({y}, {xv}, {ones({4}, kFloat64)}, true, true, false);
   expect_close(fa::unpack_dual(g[0]).primal, 3.0 * x * x, 1e-12, 1e-12, "gradient");
   expect_close(tangent_of(g[0]), 6.0 * x * v, 1e-12, 1e-12, "H v");
+  // through a leaf: the gradient of sin(x) in the leaf under the dual view carries -sin(x) v
+  const Tensor leaf_x = x.clone().requires_grad_();
+  const Tensor s = sin(fa::make_dual(leaf_x, v));
+  const Tensor gs = autograd::grad({s}, {leaf_x}, {ones({4}, kFloat64)}, true, true, false)[0];
+  expect_close(tangent_of(gs), -sin(x) * v, 1e-12, 1e-12, "d cos(x) through the leaf");
+}
+
+// gradgradcheck with check_forward_ad: the first derivatives' Jacobian columns by dual passes
+// (forward over reverse, the upstream gradient dual too) against their finite differences.
+BOOST_AUTO_TEST_CASE(gradgradcheck_checks_forward_over_reverse) {
+  manual_seed(7);
+  GradcheckOptions options;
+  options.check_forward_ad = true;
+  const std::vector<Tensor> inputs = {leaf({3, 2}),
+                                      (rand({3, 2}, kFloat64) + 0.5).requires_grad_()};
+  const std::vector<std::pair<std::string, Fn>> fs = {
+      {"tanh", [](const std::vector<Tensor>& in) { return tanh(in[0]) * 1.0; }},
+      {"mul", [](const std::vector<Tensor>& in) { return in[0] * in[1]; }},
+      {"div", [](const std::vector<Tensor>& in) { return in[0] / in[1]; }},
+      {"sin", [](const std::vector<Tensor>& in) { return sin(in[0]) * 1.0; }},
+      {"all", [](const std::vector<Tensor>& in) { return tanh(in[0] * in[1]) / in[1]; }}};
+  for (const auto& [name, f] : fs) {
+    const GradcheckResult r = gradgradcheck(f, inputs, {}, options);
+    BOOST_TEST(r.ok, name << ": " << r.message);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
