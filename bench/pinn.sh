@@ -7,6 +7,7 @@
 #   env: PYTHON=/usr/bin/python3 (the torch to run)  THREADS="1 2"  REPEAT=3
 #        ADAM=200 LBFGS=200 (iterations)  WAIT_POLICY= (PyTorch's OMP_WAIT_POLICY; unset: its
 #        default, which at 2 threads beat PASSIVE here)
+#        EMBER_ARGS= (more flags for examples/pinn, e.g. "--derivatives forward")
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -14,7 +15,7 @@ BUILD=${1:-build}
 PY=${PYTHON:-/usr/bin/python3}
 ITERS=(--adam-iters "${ADAM:-200}" --lbfgs-iters "${LBFGS:-200}")
 # torch's L-BFGS keeps a curvature pair when y·s > 1e-10: Ember's twin does the same here.
-EMBER_ONLY=(--lbfgs-curvature-eps 1e-10)
+EMBER_ONLY=(--lbfgs-curvature-eps 1e-10 ${EMBER_ARGS:-})
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; torch $("$PY" -c 'import torch; print(torch.__version__)')"
