@@ -86,6 +86,7 @@ BOOST_AUTO_TEST_SUITE(test_shape)
 
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kShapeOps); }
+BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_create_graph_gradients) { check_create_graph_gradients(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_golden) { check_golden(kShapeOps); }
 BOOST_AUTO_TEST_CASE(table_edge_cases) { check_edge_cases(kShapeOps); }
