@@ -2,8 +2,8 @@
 #pragma once
 
 #include "autograd/engine.h"
-#include "autograd/functional.h"
 #include "autograd/forward_ad.h"
+#include "autograd/functional.h"
 #include "autograd/gradcheck.h"
 #include "data/data.h"
 #include "graph/autograd.h"

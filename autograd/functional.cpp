@@ -15,6 +15,13 @@ namespace ember::autograd::functional {
 
 namespace {
 
+// Input i of a transform: defined and floating.
+void check_input(const Tensor& x, size_t i, std::string_view op) {
+  EMBER_CHECK(x.defined(), "{}: input {} is undefined", op, i);
+  EMBER_CHECK(is_floating(x.dtype()),
+              "{}: input {} is {}; only floating tensors can be differentiated", op, i, x.dtype());
+}
+
 // The tensors f is called with: a view keeping the caller's graph where create_graph asks for
 // one, else a detached leaf requiring grad (torch's _grad_preprocess).
 std::vector<Tensor> prepare(const std::vector<Tensor>& inputs, bool create_graph,
@@ -23,10 +30,7 @@ std::vector<Tensor> prepare(const std::vector<Tensor>& inputs, bool create_graph
   std::vector<Tensor> prepared;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& x = inputs[i];
-    EMBER_CHECK(x.defined(), "{}: input {} is undefined", op, i);
-    EMBER_CHECK(is_floating(x.dtype()),
-                "{}: input {} is {}; only floating tensors can be differentiated", op, i,
-                x.dtype());
+    check_input(x, i, op);
     prepared.push_back(create_graph && x.requires_grad() ? x.view(x.shape())
                                                          : x.detach().requires_grad_());
   }
@@ -130,10 +134,7 @@ JVP jvp(const Fn& f, const std::vector<Tensor>& inputs, const std::vector<Tensor
   std::vector<Tensor> xs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& x = inputs[i];
-    EMBER_CHECK(x.defined(), "{}: input {} is undefined", op, i);
-    EMBER_CHECK(is_floating(x.dtype()),
-                "{}: input {} is {}; only floating tensors can be differentiated", op, i,
-                x.dtype());
+    check_input(x, i, op);
     EMBER_CHECK(v[i].dtype() == x.dtype() && v[i].device() == x.device(),
                 "{}: v {} is {} on {}, but input {} is {} on {}", op, i, v[i].dtype(),
                 v[i].device(), i, x.dtype(), x.device());

@@ -25,24 +25,24 @@ void add_rnn_layer(const char* kind, int64_t gates) {
     if (grad) x.requires_grad_();
     return std::pair{layer, x};
   };
-  registry().push_back({fmt::format("rnn/{} 256x256 b64 t32 forward", kind), flops,
-                        [make](bool tiny) {
-                          auto [layer, x] = make(tiny, false);
-                          return std::function<void()>([layer, x] {
-                            NoGradGuard no_grad;
-                            (void)layer->forward(x).output;
-                          });
-                        }});
-  registry().push_back({fmt::format("rnn/{} 256x256 b64 t32 fwd+bwd", kind), 3 * flops,
-                        [make](bool tiny) {
-                          auto [layer, x] = make(tiny, true);
-                          const Tensor grad_out = rand(layer->forward(x).output.sizes());
-                          return std::function<void()>([layer, x, grad_out] {
-                            layer->forward(x).output.backward(grad_out);
-                            x.set_grad(Tensor());
-                            layer->zero_grad();
-                          });
-                        }});
+  registry().push_back(
+      {fmt::format("rnn/{} 256x256 b64 t32 forward", kind), flops, [make](bool tiny) {
+         auto [layer, x] = make(tiny, false);
+         return std::function<void()>([layer, x] {
+           NoGradGuard no_grad;
+           (void)layer->forward(x).output;
+         });
+       }});
+  registry().push_back(
+      {fmt::format("rnn/{} 256x256 b64 t32 fwd+bwd", kind), 3 * flops, [make](bool tiny) {
+         auto [layer, x] = make(tiny, true);
+         const Tensor grad_out = rand(layer->forward(x).output.sizes());
+         return std::function<void()>([layer, x, grad_out] {
+           layer->forward(x).output.backward(grad_out);
+           x.set_grad(Tensor());
+           layer->zero_grad();
+         });
+       }});
 }
 
 }  // namespace

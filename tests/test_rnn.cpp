@@ -182,9 +182,10 @@ const std::vector<std::string> kKinds = {"RNN tanh", "RNN relu", "GRU", "LSTM"};
 class TwoRNNs : public nn::Cloneable<TwoRNNs> {
  public:
   TwoRNNs() {
-    register_module("lstm", lstm, std::make_shared<nn::LSTM>(I, H, nn::RNNOptions{.num_layers = 2,
-                                                                 .batch_first = true,
-                                                                 .bidirectional = true}));
+    register_module(
+        "lstm", lstm,
+        std::make_shared<nn::LSTM>(
+            I, H, nn::RNNOptions{.num_layers = 2, .batch_first = true, .bidirectional = true}));
     register_module("gru", gru, std::make_shared<nn::GRU>(2 * H, H));
   }
   std::shared_ptr<nn::LSTM> lstm;
@@ -338,7 +339,8 @@ BOOST_AUTO_TEST_CASE(modules_match_torch) {
                     fmt::format("{} L{} bias{} bf{} bi{} state{} {}", kind, layers, int(bias),
                                 int(batch_first), int(bidirectional), int(state), packed);
                 BOOST_TEST_CONTEXT(name) {
-                  const nn::RNNOptions o{.num_layers = layers, .bias = bias,
+                  const nn::RNNOptions o{.num_layers = layers,
+                                         .bias = bias,
                                          .batch_first = batch_first,
                                          .bidirectional = bidirectional};
                   AnyRNN m = make_rnn(kind, I, H, o);
@@ -349,7 +351,8 @@ BOOST_AUTO_TEST_CASE(modules_match_torch) {
                   std::vector<Tensor> states;
                   if (state) {
                     states.push_back(value({layers * D, B, H}, 5).requires_grad_());
-                    if (kind == "LSTM") states.push_back(value({layers * D, B, H}, 6).requires_grad_());
+                    if (kind == "LSTM")
+                      states.push_back(value({layers * D, B, H}, 6).requires_grad_());
                   }
                   const Tensor h0 = state ? states[0] : Tensor();
                   const Tensor c0 = states.size() > 1 ? states[1] : Tensor();
@@ -357,10 +360,10 @@ BOOST_AUTO_TEST_CASE(modules_match_torch) {
                   if (packed == "padded") {
                     r = m.padded(x, h0, c0);
                   } else {
-                    const Tensor lengths = from_vector(
-                        packed == "sorted" ? std::vector<int64_t>{4, 2, 1}
-                                           : std::vector<int64_t>{2, 4, 1},
-                        {3});
+                    const Tensor lengths =
+                        from_vector(packed == "sorted" ? std::vector<int64_t>{4, 2, 1}
+                                                       : std::vector<int64_t>{2, 4, 1},
+                                    {3});
                     const auto seq =
                         pack_padded_sequence(x, lengths, batch_first, packed == "sorted");
                     const nn::PackedLSTMOutput p = m.packed(seq, h0, c0);
@@ -372,8 +375,8 @@ BOOST_AUTO_TEST_CASE(modules_match_torch) {
                   expect_recorded(g, name, *m.module, x, states, r.output, r.h_n, r.c_n);
                 }
               }
-            AnyRNN m = make_rnn(kind, I, H,
-                                {.num_layers = layers, .bias = bias, .bidirectional = bidirectional});
+            AnyRNN m = make_rnn(
+                kind, I, H, {.num_layers = layers, .bias = bias, .bidirectional = bidirectional});
             std::vector<std::string> entries;
             for (const auto& [key, t] : m.module->state_dict())
               entries.push_back(fmt::format("{}:{}", key, t.shape()));
@@ -417,7 +420,8 @@ BOOST_AUTO_TEST_CASE(cells_match_torch) {
             if (kind == "LSTMCell") {
               nn::LSTMCell cell(I, H, bias);
               fill(cell);
-              const nn::LSTMState s = cell.forward(x, {h0, states.size() > 1 ? states[1] : Tensor()});
+              const nn::LSTMState s =
+                  cell.forward(x, {h0, states.size() > 1 ? states[1] : Tensor()});
               expect_recorded(g, name, cell, x, states, s.h, s.h, s.c);
             } else if (kind == "GRUCell") {
               nn::GRUCell cell(I, H, bias);
@@ -467,16 +471,15 @@ BOOST_AUTO_TEST_CASE(packed_equals_padded_on_valid_steps) {
     BOOST_TEST((padded.lengths.to_vector<int64_t>() == lengths));
     for (int64_t b = 0; b < 4; ++b) {
       const int64_t L = lengths[b];
-      const nn::LSTMOutput alone = m.padded(x.narrow(0, 0, L).narrow(1, b, 1),
-                                            h0.narrow(1, b, 1),
+      const nn::LSTMOutput alone = m.padded(x.narrow(0, 0, L).narrow(1, b, 1), h0.narrow(1, b, 1),
                                             cs.defined() ? cs.narrow(1, b, 1) : Tensor());
       expect_close(padded.padded.narrow(0, 0, L).narrow(1, b, 1), alone.output, 1e-5, 1e-6,
                    kind + " output");
       expect_close(p.h_n.narrow(1, b, 1), alone.h_n, 1e-5, 1e-6, kind + " h_n");
       if (cs.defined()) expect_close(p.c_n.narrow(1, b, 1), alone.c_n, 1e-5, 1e-6, kind + " c_n");
       if (L < 6) {
-        const std::vector<float> pad = padded.padded.narrow(0, L, 6 - L).narrow(1, b, 1)
-                                           .contiguous().to_vector<float>();
+        const std::vector<float> pad =
+            padded.padded.narrow(0, L, 6 - L).narrow(1, b, 1).contiguous().to_vector<float>();
         BOOST_TEST(std::all_of(pad.begin(), pad.end(), [](float v) { return v == -7.0f; }));
       }
     }
@@ -524,13 +527,17 @@ BOOST_AUTO_TEST_CASE(kernels_match_ops_above_the_grain) {
       for (bool reverse : {false, true}) {
         const int64_t N = 96 * 4 - (packed ? 96 * 2 - 60 - 7 : 0);
         std::vector<Tensor> in{randn(packed ? Shape{N, 6} : Shape{4, 96, 6}, kFloat64),
-                               randn({96, 32}, kFloat64), randn({96, 32}, kFloat64),
-                               randn({G * 32, 6}, kFloat64), randn({G * 32, 32}, kFloat64),
-                               randn({G * 32}, kFloat64), randn({G * 32}, kFloat64)};
+                               randn({96, 32}, kFloat64),
+                               randn({96, 32}, kFloat64),
+                               randn({G * 32, 6}, kFloat64),
+                               randn({G * 32, 32}, kFloat64),
+                               randn({G * 32}, kFloat64),
+                               randn({G * 32}, kFloat64)};
         for (Tensor& t : in) t.requires_grad_();
         const std::vector<int64_t> bs = packed ? sizes : std::vector<int64_t>{};
         const auto f = [&] {
-          if (G == 4) return flat(lstm_layer(in[0], in[1], in[2], in[3], in[4], in[5], in[6], bs, reverse));
+          if (G == 4)
+            return flat(lstm_layer(in[0], in[1], in[2], in[3], in[4], in[5], in[6], bs, reverse));
           if (G == 3) return flat(gru_layer(in[0], in[1], in[3], in[4], in[5], in[6], bs, reverse));
           return flat(rnn_layer(in[0], in[1], in[3], in[4], in[5], in[6], "tanh", bs, reverse));
         };
@@ -598,15 +605,26 @@ BOOST_AUTO_TEST_CASE(rnn_errors) {
   using namespace nn::utils::rnn;
   const Tensor x = randn({4, 3, 5});
   // pack_padded_sequence: unsorted lengths under enforce_sorted, a length 0 or above T
-  expect_error([&] { pack_padded_sequence(x, from_vector(std::vector<int64_t>{2, 4, 1}, {3})); },
-               {"pack_padded_sequence", "sorted in decreasing order", "[2, 4, 1]"});
-  expect_error([&] { pack_padded_sequence(x, from_vector(std::vector<int64_t>{4, 0, 1}, {3})); },
-               {"pack_padded_sequence", "lengths[1] is 0", "[4, 3, 5]"});
   expect_error(
-      [&] { pack_padded_sequence(x, from_vector(std::vector<int64_t>{5, 2, 1}, {3}), false, false); },
+      [&] {
+        pack_padded_sequence(x, from_vector(std::vector<int64_t>{2, 4, 1}, {3}));
+      },
+      {"pack_padded_sequence", "sorted in decreasing order", "[2, 4, 1]"});
+  expect_error(
+      [&] {
+        pack_padded_sequence(x, from_vector(std::vector<int64_t>{4, 0, 1}, {3}));
+      },
+      {"pack_padded_sequence", "lengths[1] is 0", "[4, 3, 5]"});
+  expect_error(
+      [&] {
+        pack_padded_sequence(x, from_vector(std::vector<int64_t>{5, 2, 1}, {3}), false, false);
+      },
       {"pack_padded_sequence", "lengths[0] is 5", "outside [1, 4]"});
-  expect_error([&] { pack_padded_sequence(x, from_vector(std::vector<int64_t>{4, 2}, {2})); },
-               {"pack_padded_sequence", "lengths has 2 entries", "[4, 3, 5]"});
+  expect_error(
+      [&] {
+        pack_padded_sequence(x, from_vector(std::vector<int64_t>{4, 2}, {2}));
+      },
+      {"pack_padded_sequence", "lengths has 2 entries", "[4, 3, 5]"});
   expect_error([&] { pack_padded_sequence(x, randn({3})); },
                {"pack_padded_sequence", "1-D integer tensor"});
   const PackedSequence p = pack_padded_sequence(x, from_vector(std::vector<int64_t>{4, 2, 1}, {3}));
@@ -615,14 +633,26 @@ BOOST_AUTO_TEST_CASE(rnn_errors) {
   // modules: states of the wrong shape, inputs of the wrong feature size
   nn::LSTM lstm(5, 2, {.num_layers = 2});
   expect_error([&] { lstm(x, randn({1, 3, 2})); }, {"LSTM", "h0", "[2, 3, 2]", "[1, 3, 2]"});
-  expect_error([&] { lstm.forward(x, Tensor(), randn({2, 3, 3})); }, {"LSTM", "c0", "[2, 3, 2]", "[2, 3, 3]"});
-  expect_error([&] { lstm(randn({4, 3, 6})); }, {"LSTM", "input has 6 features", "input_size is 5"});
+  expect_error(
+      [&] {
+        lstm.forward(x, Tensor(), randn({2, 3, 3}));
+      },
+      {"LSTM", "c0", "[2, 3, 2]", "[2, 3, 3]"});
+  expect_error(
+      [&] {
+        lstm(randn({4, 3, 6}));
+      },
+      {"LSTM", "input has 6 features", "input_size is 5"});
   expect_error([&] { lstm(randn({4})); }, {"LSTM", "expected input of 3 dims", "[4]"});
   expect_error([&] { lstm(p, randn({2, 2, 2})); }, {"LSTM", "h0", "[2, 3, 2]", "[2, 2, 2]"});
   nn::GRU gru(5, 2, {.bidirectional = true});
   expect_error([&] { gru(x, randn({1, 3, 2})); }, {"GRU", "h0", "[2, 3, 2]"});
-  expect_error([&] { gru(pack_padded_sequence(randn({4, 3, 4}), from_vector(std::vector<int64_t>{4, 2, 1}, {3}))); },
-               {"GRU", "input has 4 features", "input_size is 5"});
+  expect_error(
+      [&] {
+        gru(pack_padded_sequence(randn({4, 3, 4}),
+                                 from_vector(std::vector<int64_t>{4, 2, 1}, {3})));
+      },
+      {"GRU", "input has 4 features", "input_size is 5"});
   nn::RNN rnn(5, 2);
   expect_error([&] { rnn(x, randn({1, 2, 2})); }, {"RNN", "h0", "[1, 3, 2]", "[1, 2, 2]"});
   expect_error([&] { nn::RNN(5, 2, {.nonlinearity = "gelu"}); }, {"RNN", "nonlinearity", "gelu"});
@@ -631,31 +661,62 @@ BOOST_AUTO_TEST_CASE(rnn_errors) {
   // cells
   nn::LSTMCell lstm_cell(5, 2);
   expect_error([&] { lstm_cell(randn({3, 4})); }, {"LSTMCell", "input has 4 features", "[3, 4]"});
-  expect_error([&] { lstm_cell.forward(randn({3, 5}), {randn({3, 2}), randn({2, 2})}); },
-               {"LSTMCell", "c should have shape [3, 2]", "[2, 2]"});
+  expect_error(
+      [&] {
+        lstm_cell.forward(randn({3, 5}), {randn({3, 2}), randn({2, 2})});
+      },
+      {"LSTMCell", "c should have shape [3, 2]", "[2, 2]"});
   nn::GRUCell gru_cell(5, 2);
-  expect_error([&] { gru_cell(randn({3, 5}), randn({3, 3})); }, {"GRUCell", "h should have shape [3, 2]"});
+  expect_error(
+      [&] {
+        gru_cell(randn({3, 5}), randn({3, 3}));
+      },
+      {"GRUCell", "h should have shape [3, 2]"});
   expect_error([&] { nn::RNNCell(5, 2, true, "sigmoid"); }, {"RNNCell", "nonlinearity", "sigmoid"});
   // the layer ops
   const Tensor w_ih = randn({8, 5}), w_hh = randn({8, 2});
-  expect_error([&] { lstm_layer(x, {}, {}, randn({8, 4}), w_hh, {}, {}); },
-               {"lstm_layer", "input has 5 features", "[8, 4]"});
-  expect_error([&] { lstm_layer(x, {}, {}, w_ih, randn({6, 2}), {}, {}); },
-               {"lstm_layer", "w_hh", "[6, 2]"});
-  expect_error([&] { lstm_layer(x, randn({3, 3}), {}, w_ih, w_hh, {}, {}); },
-               {"lstm_layer", "h0 should have shape [3, 2]", "[3, 3]"});
+  expect_error(
+      [&] {
+        lstm_layer(x, {}, {}, randn({8, 4}), w_hh, {}, {});
+      },
+      {"lstm_layer", "input has 5 features", "[8, 4]"});
+  expect_error(
+      [&] {
+        lstm_layer(x, {}, {}, w_ih, randn({6, 2}), {}, {});
+      },
+      {"lstm_layer", "w_hh", "[6, 2]"});
+  expect_error(
+      [&] {
+        lstm_layer(x, randn({3, 3}), {}, w_ih, w_hh, {}, {});
+      },
+      {"lstm_layer", "h0 should have shape [3, 2]", "[3, 3]"});
   expect_error([&] { lstm_layer(x, {}, {}, w_ih, w_hh, randn({7}), {}); },
                {"lstm_layer", "b_ih should have shape [8]", "[7]"});
-  expect_error([&] { lstm_layer(randn({0, 3, 5}), {}, {}, w_ih, w_hh, {}, {}); },
-               {"lstm_layer", "at least one step", "[0, 3, 5]"});
-  expect_error([&] { gru_layer(randn({6, 5}), {}, randn({6, 5}), randn({6, 2}), {}, {}, {2, 3, 1}); },
-               {"gru_layer", "non-increasing", "2, 3, 1"});
-  expect_error([&] { gru_layer(randn({7, 5}), {}, randn({6, 5}), randn({6, 2}), {}, {}, {3, 2, 1}); },
-               {"gru_layer", "sum to 6", "7 rows"});
-  expect_error([&] { rnn_layer(x, {}, randn({2, 5}), randn({2, 2}), {}, {}, "sigmoid"); },
-               {"rnn_layer", "nonlinearity", "sigmoid"});
-  expect_error([&] { rnn_layer(x, {}, randn({2, 5}, kFloat64), randn({2, 2}), {}, {}); },
-               {"rnn_layer", "w_ih is Float64"});
+  expect_error(
+      [&] {
+        lstm_layer(randn({0, 3, 5}), {}, {}, w_ih, w_hh, {}, {});
+      },
+      {"lstm_layer", "at least one step", "[0, 3, 5]"});
+  expect_error(
+      [&] {
+        gru_layer(randn({6, 5}), {}, randn({6, 5}), randn({6, 2}), {}, {}, {2, 3, 1});
+      },
+      {"gru_layer", "non-increasing", "2, 3, 1"});
+  expect_error(
+      [&] {
+        gru_layer(randn({7, 5}), {}, randn({6, 5}), randn({6, 2}), {}, {}, {3, 2, 1});
+      },
+      {"gru_layer", "sum to 6", "7 rows"});
+  expect_error(
+      [&] {
+        rnn_layer(x, {}, randn({2, 5}), randn({2, 2}), {}, {}, "sigmoid");
+      },
+      {"rnn_layer", "nonlinearity", "sigmoid"});
+  expect_error(
+      [&] {
+        rnn_layer(x, {}, randn({2, 5}, kFloat64), randn({2, 2}), {}, {});
+      },
+      {"rnn_layer", "w_ih is Float64"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
