@@ -7,11 +7,13 @@ JOBS       ?= 2
 # fortunes: the text examples/char_lm trains on;
 # openmpi-bin, libopenmpi-dev: mpirun and MPI for distributed/ (data-parallel training);
 # dataset-fashion-mnist: the gzipped IDX files examples/fashion_mnist trains on, read with zlib;
-# libdnnl-dev: oneDNN, Float32 convolutions on the CPU (its CMake config also needs
-# ocl-icd-opencl-dev, which libdnnl-dev does not pull in).
+# libdnnl-dev: oneDNN, Float32 convolutions and products on the CPU (its CMake config also needs
+# ocl-icd-opencl-dev, which libdnnl-dev does not pull in);
+# libblis4-serial: BLIS, the products' library on AVX2 CPUs (ops/blas.cpp opens it at run time).
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
               libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
-              libopenmpi-dev dataset-fashion-mnist zlib1g-dev libdnnl-dev ocl-icd-opencl-dev
+              libopenmpi-dev dataset-fashion-mnist zlib1g-dev libdnnl-dev ocl-icd-opencl-dev \
+              libblis4-serial
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # doxygen: the API reference from the public headers (make docs).
 PACKAGES   += doxygen

@@ -203,17 +203,36 @@ void RegionTimer::stop() {
 
 std::vector<Entry> entries() { return records().entries(); }
 
+namespace {
+// Never destroyed: the report printed at exit reads it after other statics have gone.
+std::vector<std::function<std::string()>>& report_headers() {
+  static auto* headers = new std::vector<std::function<std::string()>>;
+  return *headers;
+}
+std::mutex g_headers_mutex;
+}  // namespace
+
+void add_report_header(std::function<std::string()> line) {
+  std::lock_guard lock(g_headers_mutex);
+  report_headers().push_back(std::move(line));
+}
+
 std::string report() {
   const std::vector<Entry> rows = entries();
   if (rows.empty()) return {};
+  std::string out;
+  {
+    std::lock_guard lock(g_headers_mutex);
+    for (const auto& line : report_headers()) out += line() + '\n';
+  }
   double self_sum = 0;
   size_t width = 4;
   for (const Entry& e : rows) {
     self_sum += e.self_ms;
     width = std::max(width, e.name.size());
   }
-  std::string out = fmt::format("{:<{}}  {:>9}  {:>11}  {:>11}  {:>11}  {:>6}\n", "name", width,
-                                "calls", "total ms", "self ms", "mean us", "self%");
+  out += fmt::format("{:<{}}  {:>9}  {:>11}  {:>11}  {:>11}  {:>6}\n", "name", width, "calls",
+                     "total ms", "self ms", "mean us", "self%");
   for (const Entry& e : rows)
     out += fmt::format("{:<{}}  {:>9}  {:>11.3f}  {:>11.3f}  {:>11.3f}  {:>5.1f}%\n", e.name, width,
                        e.calls, e.total_ms, e.self_ms, 1e3 * e.total_ms / e.calls,

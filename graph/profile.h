@@ -26,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,8 +51,11 @@ struct Entry {
 };
 // What was recorded, sorted by total time, longest first.
 std::vector<Entry> entries();
-// The table: name, calls, total ms, self ms, mean us (total / calls), % of the summed self time.
+// The table: name, calls, total ms, self ms, mean us (total / calls), % of the summed self time,
+// under the header lines (what ran the work, as the product library: ops/blas.cpp adds it).
 std::string report();
+// Adds a line, made when a report is, above every report's table.
+void add_report_header(std::function<std::string()> line);
 
 // Marks the end of a step (Note [Step shares]); does nothing while the profiler is off.
 void step();

@@ -1,5 +1,6 @@
-// Linear algebra on OpenBLAS: matmul (torch.matmul's rules), bmm and linear, with their backward
-// Nodes. Every product ends in cblas_sgemm / cblas_dgemm, and every operand goes to BLAS as it
+// Linear algebra: matmul (torch.matmul's rules), bmm and linear, with their backward Nodes. Every
+// product ends in the product layer's gemm (ops/blas.h: OpenBLAS, BLIS or oneDNN, chosen for the
+// CPU), and every operand goes to it as it
 // lies in memory (Note [BLAS layouts]): a transposed view is a transpose flag, not a copy. So the
 // backwards are written as plain products with transposed views (dA = dC · Bᵀ) and cost no
 // transposes.
@@ -12,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include <cblas.h>
 #include <omp.h>
 
 #include "graph/autograd.h"
@@ -20,6 +20,7 @@
 #include "graph/device_backend.h"
 #include "graph/profile.h"
 #include "graph/strided.h"
+#include "ops/blas.h"
 #include "ops/common.h"
 #include "ops/gemm_bf16.h"
 #include "ops/loop_gemm.h"
@@ -37,7 +38,7 @@ constexpr const char* kPrecisionNames[] = {"highest", "high", "medium"};
 std::atomic<MatmulPrecision> g_precision{MatmulPrecision::Highest};
 
 // Note [BLAS layouts]
-// A (rows, cols) matrix with element strides (rs, cs) is, to row-major cblas:
+// A (rows, cols) matrix with element strides (rs, cs) is, to a row-major BLAS product:
 //  - NoTrans with ld = rs when cs == 1 and rows do not overlap (rs >= cols): row-major;
 //  - Trans with ld = cs when rs == 1 and cs >= rows: the transpose of a row-major (cols, rows)
 //    matrix, which is what transpose(x, -1, -2) of a contiguous x is;
@@ -45,17 +46,17 @@ std::atomic<MatmulPrecision> g_precision{MatmulPrecision::Highest};
 // The stride of a size-1 dim is never read, so it constrains nothing; nor do any strides of an
 // empty matrix (its products take the plain loop, BLAS rejects an ld of 0).
 struct BlasLayout {
-  CBLAS_TRANSPOSE trans;
+  bool trans;  // read as the transpose of the row-major matrix at ld
   int64_t ld;
 };
 
 std::optional<BlasLayout> blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
   const int64_t r = std::max<int64_t>(rows, 1), c = std::max<int64_t>(cols, 1);
-  if (rows == 0 || cols == 0) return BlasLayout{CblasNoTrans, c};  // no element: never read
+  if (rows == 0 || cols == 0) return BlasLayout{false, c};  // no element: never read
   if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= c))
-    return BlasLayout{CblasNoTrans, rows <= 1 ? c : rs};
+    return BlasLayout{false, rows <= 1 ? c : rs};
   if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r))
-    return BlasLayout{CblasTrans, cols <= 1 ? r : cs};
+    return BlasLayout{true, cols <= 1 ? r : cs};
   return std::nullopt;
 }
 
@@ -66,7 +67,7 @@ std::optional<BlasLayout> blas_layout(const Tensor& x) {  // of x's last two dim
 
 // The same memory read as the transposed matrix.
 BlasLayout flipped(BlasLayout l) {
-  return {l.trans == CblasNoTrans ? CblasTrans : CblasNoTrans, l.ld};
+  return {!l.trans, l.ld};
 }
 
 Tensor dense_copy(const Tensor& x) {
@@ -96,10 +97,9 @@ template <class T>
 void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout la,
                       const T* b, BlasLayout lb, T beta, T* c, int64_t ldc,
                       const T* bias = nullptr) {
-  const auto i = [](int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>) {
     if (float32_matmul_uses_bfloat16()) {
-      detail::gemm_bf16(m, n, k, alpha, a, la.trans == CblasTrans, la.ld, b, lb.trans == CblasTrans,
+      detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans,
                         lb.ld, beta, c, ldc, bias);
       return;
     }
@@ -108,13 +108,8 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
     for (int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
     beta = T(1);
   }
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
-                i(lb.ld), beta, c, i(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, la.trans, lb.trans, i(m), i(n), i(k), alpha, a, i(la.ld), b,
-                i(lb.ld), beta, c, i(ldc));
-  }
+  detail::gemm(la.trans, lb.trans, m, n, k, alpha, a, la.ld, b, lb.ld,
+               beta, c, ldc);
 }
 
 // Note [Threads in products]
@@ -143,10 +138,10 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
     };
     const int64_t begin = edge(t), end = edge(t + 1);
     if (begin < end && by_rows) {
-      const T* rows = a + begin * (la.trans == CblasNoTrans ? la.ld : 1);
+      const T* rows = a + begin * (!la.trans ? la.ld : 1);
       blas_gemm_serial(end - begin, n, k, alpha, rows, la, b, lb, beta, c + begin * ldc, ldc, bias);
     } else if (begin < end) {
-      const T* cols = b + begin * (lb.trans == CblasNoTrans ? 1 : lb.ld);
+      const T* cols = b + begin * (!lb.trans ? 1 : lb.ld);
       blas_gemm_serial(m, end - begin, k, alpha, a, la, cols, lb, beta, c + begin, ldc,
                        bias ? bias + begin : nullptr);
     }
@@ -413,8 +408,8 @@ kn::Precision device_precision() {
 void set_operands(kn::Gemm& g, int64_t m, int64_t n, int64_t k, const Tensor& a, BlasLayout la,
                   const Tensor& b, BlasLayout lb) {
   g.m = m, g.n = n, g.k = k;
-  g.a = a.data_bytes(), g.lda = la.ld, g.trans_a = la.trans == CblasTrans;
-  g.b = b.data_bytes(), g.ldb = lb.ld, g.trans_b = lb.trans == CblasTrans;
+  g.a = a.data_bytes(), g.lda = la.ld, g.trans_a = la.trans;
+  g.b = b.data_bytes(), g.ldb = lb.ld, g.trans_b = lb.trans;
 }
 
 kn::Gemm device_gemm_args(DType dtype, double alpha, double beta) {
@@ -438,7 +433,7 @@ void device_gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha
   const Operand oa = blas_operand(a), ob = blas_operand(b);
   const BlasLayout lc = *blas_layout(c);
   kn::Gemm g = device_gemm_args(c.dtype(), alpha, beta);
-  if (lc.trans == CblasNoTrans)
+  if (!lc.trans)
     set_operands(g, m, n, k, oa.t, oa.layout, ob.t, ob.layout);
   else  // the row-major cᵀ = bᵀ · aᵀ
     set_operands(g, n, m, k, ob.t, flipped(ob.layout), oa.t, flipped(oa.layout));
@@ -498,7 +493,7 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T bet
   const Loop loop = product_loop<T>(m, n, k);
   // The bias goes down to the kernels of row-major products; the others start from it in c.
   const bool bias_in_kernel =
-      bias.defined() && loop == Loop::None && blas_layout(c)->trans == CblasNoTrans;
+      bias.defined() && loop == Loop::None && !blas_layout(c)->trans;
   const Tensor bias_values = bias_in_kernel ? bias.contiguous() : Tensor();
   if (bias.defined() && !bias_in_kernel) {
     copy_into(c, bias);
@@ -511,7 +506,7 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T bet
   }
   const Operand oa = blas_operand(a), ob = blas_operand(b);
   const BlasLayout lc = *blas_layout(c);
-  if (lc.trans == CblasNoTrans) {
+  if (!lc.trans) {
     blas_gemm<T>(m, n, k, alpha, oa.t.data<T>(), oa.layout, ob.t.data<T>(), ob.layout, beta,
                  c.data<T>(), lc.ld, bias_in_kernel ? bias_values.data<T>() : nullptr);
   } else {

@@ -29,4 +29,18 @@ std::string get_float32_matmul_precision();
 // Whether Float32 products now round to bfloat16: "medium" on a CPU that has AVX512-BF16.
 bool float32_matmul_uses_bfloat16();
 
+// The library every CPU product runs on (Note [Choosing the product library], ops/blas.cpp):
+// "openblas", "blis" or "dnnl" (oneDNN). The default is chosen once per process for the CPU;
+// the environment variable EMBER_BLAS (read at the first product) or set_blas_library overrides
+// it, and "auto" goes back to the CPU's choice. Naming a library this build or machine lacks
+// throws (EMBER_BLAS's is ignored with a warning). Float64 products run on the same library,
+// except oneDNN's choice, whose Float64 products run on OpenBLAS. Set it before products run on
+// other threads: a product takes the library once per call.
+void set_blas_library(const std::string& name);
+std::string get_blas_library();
+// One line for logs: the library, why it was chosen, the CPU, and the versions that run Float32
+// and Float64 products ("dnnl (chosen for this CPU: AVX-512; AuthenticAMD family 25 model 17,
+// AVX-512); Float32 on oneDNN 2.6.3, Float64 on OpenBLAS 0.3.21 (Cooperlake)").
+std::string blas_library_info();
+
 }  // namespace ember
