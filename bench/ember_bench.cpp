@@ -406,6 +406,7 @@ int main(int argc, char** argv) {
   add_conv_workloads();
   add_rnn_workloads();
   add_jvp_workloads();
+  add_product_workloads();
 
   if (o.paired && !o.list && !o.smoke) return run_paired(o);
   nlohmann::json results = nlohmann::json::array();

@@ -50,6 +50,7 @@ void add_grain_workloads();
 void add_conv_workloads();  // bench/conv_workloads.cpp
 void add_rnn_workloads();   // bench/rnn_workloads.cpp
 void add_jvp_workloads();   // bench/jvp_workloads.cpp
+void add_product_workloads();
 
 struct Timing {
   double median_s = 0, min_s = 0;  // wall time per step

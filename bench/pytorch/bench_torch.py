@@ -220,6 +220,61 @@ for _m, _k, _n in [(80, 64, 64), (200, 64, 64), (800, 64, 64), (800, 64, 256), (
     grain_sgemm(_m, _k, _n)
 
 
+# --- The products table (issue 48; ember_bench's products/ rows, bench/products.cpp): one Float32
+# product torch.mm(a, b, out=c) per step, op(a) (m, k), op(b) (k, n), an operand marked T the
+# transposed view of a contiguous tensor. PRODUCT_SHAPES mirrors kProductShapes in
+# bench/products.cpp row for row (keep the two the same; the sources of the shapes are told
+# there): group, what, m, n, k, transposes.
+PRODUCT_SHAPES = [
+    ("A", "qkv", 800, 512, 512, "NT"),
+    ("A", "ff1", 800, 2048, 512, "NT"),
+    ("A", "ff2", 800, 512, 2048, "NT"),
+    ("A", "ff1.dX", 800, 512, 2048, "NN"),
+    ("A", "ff1.dW", 2048, 512, 800, "TN"),
+    ("A", "qkv.dW", 512, 512, 800, "TN"),
+    ("B", "qkv", 800, 64, 64, "NT"),
+    ("B", "ff1", 800, 256, 64, "NT"),
+    ("B", "ff1.dX", 800, 64, 256, "NN"),
+    ("B", "ff1.dW", 256, 64, 800, "TN"),
+    ("C", "generator", 1024, 1000, 512, "NT"),
+    ("C", "ff1", 1024, 2048, 512, "NT"),
+    ("C", "ff1.dW", 2048, 512, 1024, "TN"),
+    ("lstm", "hidden", 64, 1024, 256, "NT"),
+    ("lstm", "hidden.dh", 64, 256, 1024, "NN"),
+    ("lstm", "hidden.dW", 1024, 256, 64, "TN"),
+    ("lstm", "input", 2048, 1024, 256, "NT"),
+    ("conv", "cnn.conv2", 32, 100352, 288, "NN"),
+    ("conv", "cnn.conv4", 64, 25088, 576, "NN"),
+    ("conv", "cnn.conv3", 64, 25088, 288, "NN"),
+    ("conv", "resnet.stage1", 16, 100352, 144, "NN"),
+    ("small", "fixed", 16, 16, 16, "NN"),
+    ("small", "fixed", 32, 64, 32, "NT"),
+    ("small", "fixed", 64, 64, 64, "NN"),
+    ("small", "fixed", 128, 128, 128, "NN"),
+]
+
+
+def product_operand(rows, cols, transposed):
+    """(rows, cols), as a contiguous tensor or the transposed view of one."""
+    return torch.rand(cols, rows).t() if transposed else torch.rand(rows, cols)
+
+
+def product(group, what, m, n, k, trans):
+    @workload(f"products/{group} {what} {m}x{n}x{k} {trans}", 2.0 * m * n * k)
+    def _(tiny):
+        def size(d):  # --smoke: each size a sixteenth (and at least 1), the transposes kept
+            return d // 16 + 1 if tiny else d
+        m_, n_, k_ = size(m), size(n), size(k)
+        a = product_operand(m_, k_, trans[0] == "T")
+        b = product_operand(k_, n_, trans[1] == "T")
+        c = torch.empty(m_, n_)
+        return lambda: torch.mm(a, b, out=c)
+
+
+for _p in PRODUCT_SHAPES:
+    product(*_p)
+
+
 # --- The convolution layers of examples/fashion_mnist at batch 128 (bench/conv_shapes.h):
 # forward alone and forward + backward (input, weight and bias gradients), in NCHW as Ember's
 # conv/ rows, and the same in channels_last ("... channels_last"), where PyTorch's oneDNN path
