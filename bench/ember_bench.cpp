@@ -408,6 +408,8 @@ int main(int argc, char** argv) {
   add_jvp_workloads();
   add_product_workloads();
 
+  // the product library of every CPU product below (ops/blas.cpp), as the profiler names it
+  if (!o.list) std::cout << "products: " << ember::blas_library_info() << '\n';
   if (o.paired && !o.list && !o.smoke) return run_paired(o);
   nlohmann::json results = nlohmann::json::array();
   for (const Workload& w : registry()) {
@@ -485,6 +487,8 @@ int main(int argc, char** argv) {
                                          : std::string()},
         {"matmul_precision", o.matmul_precision},
         {"bfloat16_products", ember::float32_matmul_uses_bfloat16()},
+        {"blas", ember::get_blas_library()},
+        {"blas_info", ember::blas_library_info()},
         {"results", results}};
     std::ofstream(o.json) << doc.dump(2) << '\n';
   }

@@ -36,6 +36,10 @@
 //    BLIS 0.9, which maps Zen 4 to its AVX2 zen3 kernels, 65-112.
 //  - with AVX2 alone (Zen 1-3, Intel Haswell to Comet Lake): BLIS, whose zen/haswell kernels
 //    ran 90-93 GFLOP/s on Zen 3 where OpenBLAS's gave 56-73 (issue 48's measurement).
+//  - below 2^19 multiply-adds (m·n·k) a product chosen for oneDNN runs on OpenBLAS: oneDNN's
+//    fixed cost per call (~0.3 us) loses there. On Zen 4 at one thread, 16^3: OpenBLAS 86
+//    GFLOP/s, oneDNN 22; 64^3: 115 against 95; 80x64x64: 80 against 79; from 64x256x64 (2^20)
+//    on oneDNN is ahead (105 against 89), and at 96^3 they are level.
 //  - BLIS is a candidate only where its own CPU detection found kernels for the CPU (it runs
 //    generic C kernels on a CPU it does not know, such as Zen 5 with BLIS 0.9), and oneDNN
 //    only where the build linked it; OpenBLAS is the fallback everywhere.
@@ -88,6 +92,10 @@ const Blis& blis() {
   }();
   return lib;
 }
+
+// Below this many multiply-adds oneDNN's choice runs on OpenBLAS (Note [Choosing the product
+// library]).
+constexpr int64_t kDnnlMinWork = int64_t{1} << 19;
 
 constexpr bool kHaveDnnl =
 #ifdef EMBER_HAVE_DNNL
@@ -250,6 +258,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
       return blis_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     case BlasLibrary::DNNL:
 #ifdef EMBER_HAVE_DNNL
+      if (m * n * k < kDnnlMinWork) break;
       // The arguments are valid by construction (m, n, k >= 1, each ld at least its row's
       // length), the only failure dnnl_sgemm reports; should it fail anyway, OpenBLAS computes.
       if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c,
