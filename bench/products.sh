@@ -28,11 +28,11 @@ for rep in $(seq 1 "${REPS:-3}"); do
       if [ "$lib" = auto ]; then BLAS=(-u EMBER_BLAS); else BLAS=(EMBER_BLAS="$lib"); fi
       "${LOCK[@]}" env "${BLAS[@]}" "${ENV[@]}" "$BUILD/bench/ember_bench" --threads "$threads" \
         --time "$TIME" --filter products/ --json "$OUT/$lib-t$threads-r$rep.json" 2>&1 |
-        sed "s/^/$(printf '%-8s' "$lib")/"
+        sed "s/^/$(printf '%-9s' "$lib")/"
     done
     "${LOCK[@]}" env "${ENV[@]}" "$PY" bench/pytorch/bench_torch.py --threads "$threads" \
       --time "$TIME" --filter products/ --json "$OUT/torch-t$threads-r$rep.json" \
-      2>/dev/null | sed 's/^/torch   /'
+      2>/dev/null | sed 's/^/torch    /'
   done
 done
 echo "load at the end: $(uptime | sed 's/.*load average: //')"
