@@ -18,6 +18,9 @@ TIME=${BENCH_TIME:-0.5}
 LOCK=(flock /tmp/ember-build.lock)
 mkdir -p "$OUT"
 rm -f "$OUT"/*-t*-r*.json
+# a copy of ember_bench, so that a rebuild of the shared build directory during the run (another
+# build takes the lock between two programs) cannot change the program between reps
+"${LOCK[@]}" cp "$BUILD/bench/ember_bench" "$OUT/ember_bench"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(uptime | sed 's/.*load average: //')"
 for rep in $(seq 1 "${REPS:-3}"); do
   for threads in ${BENCH_THREADS:-1 2}; do
@@ -26,7 +29,7 @@ for rep in $(seq 1 "${REPS:-3}"); do
     echo "--- rep $rep, $threads thread(s), load $(uptime | sed 's/.*load average: //')"
     for lib in auto openblas blis dnnl; do
       if [ "$lib" = auto ]; then BLAS=(-u EMBER_BLAS); else BLAS=(EMBER_BLAS="$lib"); fi
-      "${LOCK[@]}" env "${BLAS[@]}" "${ENV[@]}" "$BUILD/bench/ember_bench" --threads "$threads" \
+      "${LOCK[@]}" env "${BLAS[@]}" "${ENV[@]}" "$OUT/ember_bench" --threads "$threads" \
         --time "$TIME" --filter products/ --json "$OUT/$lib-t$threads-r$rep.json" 2>&1 |
         sed "s/^/$(printf '%-9s' "$lib")/"
     done

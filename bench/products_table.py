@@ -60,7 +60,7 @@ def load(directory):
         column, threads = match.group(1), int(match.group(2))
         with open(path) as f:
             doc = json.load(f)
-        docs.setdefault(column, doc)
+        docs.setdefault(column, []).append(doc)
         for r in doc["results"]:
             if not r["name"].startswith("products/") or not r["flops"] or r["median_s"] <= 0:
                 continue
@@ -79,12 +79,14 @@ def main():
         sys.exit(f"products_table.py: no <column>-t<threads>-r<rep>.json in {sys.argv[1]}")
     print(f"CPU: {cpu_name()}")
     if "torch" in docs:
-        print(f"PyTorch {docs['torch'].get('torch', '?')} (torch.mm into a preallocated out)")
-    # the library each Ember run says it ran on, where ember_bench's JSON tells
+        print(f"PyTorch {docs['torch'][0].get('torch', '?')} (torch.mm into a preallocated out)")
+    # the library each Ember column ran on, as ember_bench's JSON says (blas_info; every run of a
+    # column should say the same: a forced library that is missing falls back with a warning)
     for column in COLUMNS[:4]:
-        said = [f"{k}: {v}" for k, v in docs.get(column, {}).items() if "blas" in k.lower()]
+        said = sorted({d.get("blas_info", d.get("blas", "")) for d in docs.get(column, [])} - {""})
         if said:
-            print(f"{column}: {'; '.join(str(s) for s in said)}")
+            print(f"- {column}: {' / '.join(said)}"
+                  + (" (NOT THE SAME IN EVERY RUN)" if len(said) > 1 else ""))
     for threads in sorted(table):
         columns = table[threads]
         reps = max((len(v) for c in columns.values() for v in c.values()), default=0)
