@@ -72,8 +72,10 @@ struct Blis {
   bool usable() const { return sgemm != nullptr && dgemm != nullptr && arch != "generic"; }
 };
 
+// The statics below are never destroyed: the profiler's report, printed by a static destructor
+// at exit, names the library through them.
 const Blis& blis() {
-  static const Blis lib = [] {
+  static const Blis& lib = *new Blis([] {
     Blis b;
 #ifdef EMBER_BLIS_LIBRARY
     // RTLD_LOCAL: its cblas_* symbols stay out of the process's namespace (OpenBLAS's win).
@@ -89,7 +91,7 @@ const Blis& blis() {
     b.version = version();
 #endif
     return b;
-  }();
+  }());
   return lib;
 }
 
@@ -123,7 +125,7 @@ struct Cpu {
 };
 
 const Cpu& cpu() {
-  static const Cpu c = [] {
+  static const Cpu& c = *new Cpu([] {
     Cpu c;
 #if defined(__x86_64__)
     unsigned a = 0, b = 0, cx = 0, d = 0;
@@ -145,7 +147,7 @@ const Cpu& cpu() {
     c.avx512 = __builtin_cpu_supports("avx512f");
 #endif
     return c;
-  }();
+  }());
   return c;
 }
 
@@ -180,9 +182,9 @@ std::string why_unavailable(BlasLibrary lib) {
                      b.version, b.arch);
 }
 
-std::mutex g_mutex;          // guards g_why and every change of g_lib
-std::atomic<int> g_lib{-1};  // a BlasLibrary, or -1 before the first product
-std::string g_why;           // how g_lib was chosen, for blas_library_info
+std::mutex g_mutex;                     // guards g_why and every change of g_lib
+std::atomic<int> g_lib{-1};             // a BlasLibrary, or -1 before the first product
+std::string& g_why = *new std::string;  // how g_lib was chosen, for blas_library_info
 
 void choose(BlasLibrary lib, std::string why) {
   g_why = std::move(why);

@@ -12,6 +12,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "graph/profile.h"
 #include "tests/helpers.h"
 
 using namespace ember;
@@ -94,6 +95,16 @@ BOOST_AUTO_TEST_CASE(choice_is_named_and_auto_returns_to_it) {
   }
   set_blas_library("auto");
   BOOST_TEST(get_blas_library() == chosen);
+}
+
+BOOST_AUTO_TEST_CASE(profiler_report_names_the_library) {
+  profile::reset();
+  profile::enable();
+  (void)matmul(ones({8, 8}), ones({8, 8}));
+  profile::disable();
+  const std::string report = profile::report();
+  profile::reset();
+  BOOST_TEST(report.rfind("products: " + blas_library_info() + "\n", 0) == 0, report);
 }
 
 BOOST_AUTO_TEST_CASE(errors_name_the_library) {
