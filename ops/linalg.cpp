@@ -55,8 +55,7 @@ std::optional<BlasLayout> blas_layout(int64_t rows, int64_t cols, int64_t rs, in
   if (rows == 0 || cols == 0) return BlasLayout{false, c};  // no element: never read
   if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= c))
     return BlasLayout{false, rows <= 1 ? c : rs};
-  if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r))
-    return BlasLayout{true, cols <= 1 ? r : cs};
+  if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r)) return BlasLayout{true, cols <= 1 ? r : cs};
   return std::nullopt;
 }
 
@@ -66,9 +65,7 @@ std::optional<BlasLayout> blas_layout(const Tensor& x) {  // of x's last two dim
 }
 
 // The same memory read as the transposed matrix.
-BlasLayout flipped(BlasLayout l) {
-  return {!l.trans, l.ld};
-}
+BlasLayout flipped(BlasLayout l) { return {!l.trans, l.ld}; }
 
 Tensor dense_copy(const Tensor& x) {
   Tensor out = empty(x.shape(), x.dtype(), x.device());
@@ -99,8 +96,7 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
                       const T* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     if (float32_matmul_uses_bfloat16()) {
-      detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans,
-                        lb.ld, beta, c, ldc, bias);
+      detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc, bias);
       return;
     }
   }
@@ -108,8 +104,7 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
     for (int64_t r = 0; r < m; ++r) std::copy(bias, bias + n, c + r * ldc);
     beta = T(1);
   }
-  detail::gemm(la.trans, lb.trans, m, n, k, alpha, a, la.ld, b, lb.ld,
-               beta, c, ldc);
+  detail::gemm(la.trans, lb.trans, m, n, k, alpha, a, la.ld, b, lb.ld, beta, c, ldc);
 }
 
 // Note [Threads in products]
@@ -492,8 +487,7 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& c, T alpha, T bet
   const int64_t m = c.size(0), n = c.size(1), k = a.size(1);
   const Loop loop = product_loop<T>(m, n, k);
   // The bias goes down to the kernels of row-major products; the others start from it in c.
-  const bool bias_in_kernel =
-      bias.defined() && loop == Loop::None && !blas_layout(c)->trans;
+  const bool bias_in_kernel = bias.defined() && loop == Loop::None && !blas_layout(c)->trans;
   const Tensor bias_values = bias_in_kernel ? bias.contiguous() : Tensor();
   if (bias.defined() && !bias_in_kernel) {
     copy_into(c, bias);
