@@ -157,8 +157,9 @@ std::pair<BlasLibrary, std::string> default_choice() {
   if (c.avx512 && available(BlasLibrary::DNNL)) return {BlasLibrary::DNNL, "AVX-512"};
   if (c.avx512) return {BlasLibrary::OpenBLAS, "AVX-512, without oneDNN"};
   if (c.avx2 && available(BlasLibrary::BLIS)) return {BlasLibrary::BLIS, "AVX2"};
-  if (available(BlasLibrary::DNNL)) return {BlasLibrary::DNNL, "no AVX2 BLIS kernels here"};
-  return {BlasLibrary::OpenBLAS, "the fallback"};
+  const char* why = c.avx2 ? "AVX2, without BLIS" : "no AVX2";
+  if (available(BlasLibrary::DNNL)) return {BlasLibrary::DNNL, why};
+  return {BlasLibrary::OpenBLAS, why};
 }
 
 std::optional<BlasLibrary> parse(const std::string& name) {
