@@ -35,12 +35,14 @@
 // conv2d and conv1d (a height of 1) are conv (+ the bias), conv_transpose2d and conv_transpose1d
 // are conv_input (+ the bias) of the convolution whose image is their output. Where oneDNN
 // runs the call (Float32 on the CPU, Note [Convolutions in oneDNN] in ops/conv_dnnl.cpp: its
-// forward, backward-data and backward-weights primitives) each is an op of its own whose Node
-// calls the other two, so create_graph differentiates them again, and a first-order backward
-// (grad mode off) of conv gets the weight and bias gradients from one backward-weights call.
-// Elsewhere (Float64, other devices, bfloat16 products under set_float32_matmul_precision
-// ("medium"), empty sizes, EMBER_CONV=im2col) each is im2col / col2im and products, as above, and
-// autograd differentiates those ops. Forward mode follows from the same bilinearity: each op's
+// forward, backward-data and backward-weights primitives, with bfloat16 operands under
+// set_float32_matmul_precision("medium") where the CPU has bfloat16 products) each is an op of
+// its own whose Node calls the other two, so create_graph differentiates them again, and a
+// first-order backward (grad mode off) of conv gets the weight and bias gradients from one
+// backward-weights call. Elsewhere (Float64, other devices, empty sizes, EMBER_CONV=im2col, a
+// bfloat16 primitive oneDNN cannot make) each is im2col / col2im and products, as above (their
+// products in bfloat16 under "medium" as every product's), and autograd differentiates those
+// ops. Forward mode follows from the same bilinearity: each op's
 // tangent is the op on one operand's tangent plus the op on the other's (conv's plus the bias's),
 // and im2col and col2im, linear, are themselves on the tangent.
 #include "ops/conv.h"
@@ -312,18 +314,20 @@ Tensor finish(const Tensor& y, const Tensor& bias, const Shape& out_shape) {
 
 // --- the three ops of Note [Convolution kernels]; images, weights and results all 4-D ---------
 
-// The oneDNN description of g, where oneDNN runs this call: a (an operand) Float32 on the CPU,
-// oneDNN on and products not in bfloat16, every size positive, and a right padding oneDNN takes
-// (it wants (in + pad_l + pad_r - span) / stride + 1 = out with pad_r > -stride; a transposed
-// convolution whose output_padding passes its padding plus the stride keeps im2col).
+// The oneDNN description of g, where oneDNN may run this call: a (an operand) Float32 on the CPU,
+// oneDNN on, every size positive, and a right padding oneDNN takes (it wants (in + pad_l + pad_r
+// - span) / stride + 1 = out with pad_r > -stride; a transposed convolution whose output_padding
+// passes its padding plus the stride keeps im2col). Its products are bfloat16 where Float32
+// products are (float32_matmul_uses_bfloat16()); the kernel then still says whether oneDNN
+// had the primitive (false: im2col computes it).
 std::optional<detail::ConvDesc> onednn_desc(const Tensor& a, const Geometry& g, bool bias) {
-  if (a.dtype() != kFloat32 || !a.device().is_cpu() || !detail::conv_uses_onednn() ||
-      float32_matmul_uses_bfloat16())
+  if (a.dtype() != kFloat32 || !a.device().is_cpu() || !detail::conv_uses_onednn())
     return std::nullopt;
   if (g.N <= 0 || g.C <= 0 || g.O <= 0 || g.K() <= 0 || g.L() <= 0 || g.S() <= 0)
     return std::nullopt;
   detail::ConvDesc d;
   d.N = g.N, d.C = g.C, d.O = g.O, d.G = g.G, d.bias = bias;
+  d.bf16 = float32_matmul_uses_bfloat16();
   for (size_t i = 0; i < 2; ++i) {
     const int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
     const int64_t pad_r =
@@ -444,9 +448,10 @@ Tensor conv(const Tensor& img, const Tensor& w, const Tensor& bias, const Geomet
   if (const auto d = onednn_desc(img, g, bias.defined())) {
     const Tensor ic = dense(img), wc = dense(w), bc = bias.defined() ? dense(bias) : Tensor();
     Tensor y = empty({N, g.O, g.out[0], g.out[1]}, kFloat32);
-    detail::onednn_conv_forward(*d, ic.data<float>(), wc.data<float>(),
-                                bias.defined() ? bc.data<float>() : nullptr, y.data<float>());
-    return record<ConvolutionBackward>("convolution", y, {img, w, bias}, img, w, bias.defined(), g);
+    if (detail::onednn_conv_forward(*d, ic.data<float>(), wc.data<float>(),
+                                    bias.defined() ? bc.data<float>() : nullptr, y.data<float>()))
+      return record<ConvolutionBackward>("convolution", y, {img, w, bias}, img, w, bias.defined(),
+                                         g);
   }
   const Tensor cols = im2col(img, g);  // (C·K, N·L)
   const Tensor wg = w.reshape({g.G, g.O / g.G, Cg * K});
@@ -462,8 +467,8 @@ Tensor conv_input(const Tensor& dy, const Tensor& w, const Geometry& g) {
   if (const auto d = g.C > 1 ? onednn_desc(dy, g, false) : std::nullopt) {
     const Tensor dc = dense(dy), wc = dense(w);
     Tensor dx = empty({N, g.C, g.in[0], g.in[1]}, kFloat32);
-    detail::onednn_conv_backward_data(*d, dc.data<float>(), wc.data<float>(), dx.data<float>());
-    return record<ConvolutionInputBackward>("convolution_input", dx, {dy, w}, dy, w, g);
+    if (detail::onednn_conv_backward_data(*d, dc.data<float>(), wc.data<float>(), dx.data<float>()))
+      return record<ConvolutionInputBackward>("convolution_input", dx, {dy, w}, dy, w, g);
   }
   // dy (N, O, L) -> (G, O/G, N·L); cols_g (C/G·K, N·L) = W_gᵀ dy_g
   const Tensor ds = dy.reshape({N, g.O, L}).permute({1, 0, 2}).reshape({g.G, Og, N * L});
@@ -478,9 +483,9 @@ Tensor conv_weight(const Tensor& img, const Tensor& dy, const Geometry& g) {
   if (const auto d = onednn_desc(img, g, false)) {
     const Tensor ic = dense(img), dc = dense(dy);
     Tensor dw = empty({g.O, Cg, g.kernel[0], g.kernel[1]}, kFloat32);
-    detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(), dw.data<float>(),
-                                         nullptr);
-    return record<ConvolutionWeightBackward>("convolution_weight", dw, {img, dy}, img, dy, g);
+    if (detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(),
+                                             dw.data<float>(), nullptr))
+      return record<ConvolutionWeightBackward>("convolution_weight", dw, {img, dy}, img, dy, g);
   }
   // dW_g (O/G, C/G·K) = dY_g (O/G, N·L) · cols_gᵀ
   const Tensor cols = im2col(img, g).reshape({g.G, Cg * K, N * L});
@@ -491,13 +496,17 @@ Tensor conv_weight(const Tensor& img, const Tensor& dy, const Geometry& g) {
 std::pair<Tensor, Tensor> conv_weight_and_bias(const Tensor& img, const Tensor& dy,
                                                const Geometry& g, bool want_w, bool want_b) {
   if (want_w && !is_grad_enabled()) {
-    if (const auto d = onednn_desc(img, g, want_b)) {
+    // under bfloat16 products oneDNN's bias gradient would sum the rounded dY; a sum and no
+    // product, it stays Float32 (below), as on im2col
+    const bool dnnl_b = want_b && !float32_matmul_uses_bfloat16();
+    if (const auto d = onednn_desc(img, g, dnnl_b)) {
       const Tensor ic = dense(img), dc = dense(dy);
       Tensor dw = empty({g.O, g.C / g.G, g.kernel[0], g.kernel[1]}, kFloat32);
-      Tensor db = want_b ? empty({g.O}, kFloat32) : Tensor();
-      detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(), dw.data<float>(),
-                                           want_b ? db.data<float>() : nullptr);
-      return {dw, db};
+      Tensor db = dnnl_b ? empty({g.O}, kFloat32) : Tensor();
+      if (detail::onednn_conv_backward_weights(*d, ic.data<float>(), dc.data<float>(),
+                                               dw.data<float>(),
+                                               dnnl_b ? db.data<float>() : nullptr))
+        return {dw, want_b && !dnnl_b ? sum(dy, {0, 2, 3}) : db};
     }
   }
   return {want_w ? conv_weight(img, dy, g) : Tensor(), want_b ? sum(dy, {0, 2, 3}) : Tensor()};

@@ -1,6 +1,8 @@
 // oneDNN's convolution primitives behind ops/conv.cpp (declared in ops/conv_dnnl.h): forward,
-// backward-data and backward-weights in Float32 on NCHW tensors, through oneDNN's blocked layouts
-// with reorders in and out, each made once per shape and thread count and kept in a cache.
+// backward-data and backward-weights on Float32 NCHW tensors, their products in Float32 or in
+// bfloat16 (set_float32_matmul_precision("medium")), through oneDNN's blocked layouts with
+// reorders in and out, each made once per shape, product type and thread count and kept in a
+// cache.
 //
 // Note [Convolutions in oneDNN]
 // Ember's im2col + one product per group (Note [Convolution as products] in ops/conv.cpp) runs at
@@ -14,9 +16,9 @@
 //   Ember's allocator (one tensor per call), so the caller's tensors stay NCHW and no state
 //   lives between calls but the primitives.
 // - Making a primitive descriptor and JIT-compiling its kernel costs 0.1-10 ms, so each
-//   (direction, every size, stride, padding, dilation, groups, bias, thread count) has one
-//   entry in a process-wide cache under a mutex, made on first use. The primitives run with a
-//   scratchpad of the caller's (scratchpad_mode::user), so one primitive may run on several
+//   (direction, every size, stride, padding, dilation, groups, bias, product type, thread count)
+//   has one entry in a process-wide cache under a mutex, made on first use. The primitives run with
+//   a scratchpad of the caller's (scratchpad_mode::user), so one primitive may run on several
 //   threads at once.
 // - Threads: Debian's oneDNN runs on OpenMP and sizes its work from omp_get_max_threads(), which
 //   Ember pins at one (graph/parallel.cpp, for OpenBLAS). Around each call (and each primitive's
@@ -24,10 +26,29 @@
 //   set to Ember's thread count (one inside a parallel region), then put back: at one thread
 //   oneDNN runs on the calling thread alone. The weight gradient alone is cut into pieces of
 //   the batch, so that its bits do not depend on the count (Note [Weight gradients in pieces]).
+// - Bfloat16 products: under set_float32_matmul_precision("medium") on a CPU with AVX512-BF16
+//   (float32_matmul_uses_bfloat16()) the primitives' multiplied operands are bf16 (forward: src
+//   and weights; backward-data: diff_dst and weights; backward-weights: src and diff_dst), and
+//   their results f32 (dst with an f32 bias, diff_src, diff_weights). The caller's tensors stay
+//   Float32: the reorders into the blocked layouts round them to bf16, to nearest with ties to
+//   even, as Ember's bfloat16 products (ops/gemm_bf16.h) round, and the kernels sum the bf16
+//   products in f32, so each result is the Float32 convolution of the rounded operands up to
+//   the order of its sums. The bias gradient, a sum and no product, stays Float32 over the
+//   unrounded dY (ops/conv.cpp sums it, as on im2col). This is what torch.autocast("cpu",
+//   torch.bfloat16) runs, and it pays: at one thread (Zen 4, batch 128, ember_bench conv/ rows
+//   under --matmul-precision medium) the 3x3 layers of the Fashion-MNIST CNN and ResNet ran at
+//   145-240 GFLOP/s forward and 95-175 forward + backward, against 30-75 and 35-85 for im2col +
+//   Ember's bf16 product kernel (2-4.6 times its time saved, every direction); only the 1x1
+//   stride-2 projections (a millisecond or two) ran as fast or slower, as they do in Float32,
+//   their time mostly the reorders. So every direction comes here under bfloat16 products too.
+//   A bf16 primitive oneDNN cannot make on some CPU is cached as missing and the call goes
+//   back to im2col (with Ember's bf16 products); a f32 one it cannot make is an Error. Ember's
+//   products below BLAS stay Float32 where tiny or narrow (ops/linalg.h); a convolution here
+//   rounds whatever its size.
 // - EMBER_CONV=im2col in the environment (read once), or set_conv_uses_onednn(false), sends every
 //   convolution back to im2col; EMBER_CONV=onednn (or unset) keeps oneDNN where it is built in.
-// ops/conv.cpp decides what comes here: Float32 on the CPU, not under bfloat16 products, every
-// size positive, padding oneDNN can express; everything else stays im2col.
+// ops/conv.cpp decides what comes here: Float32 on the CPU, every size positive, padding oneDNN
+// can express; everything else stays im2col.
 #include "ops/conv_dnnl.h"
 
 #include <atomic>
@@ -95,13 +116,13 @@ void set_conv_uses_onednn(bool on) { g_forced.store(on ? 1 : 0, std::memory_orde
 
 int64_t onednn_cached_primitives() { return 0; }
 
-void onednn_conv_forward(const ConvDesc&, const float*, const float*, const float*, float*) {
+bool onednn_conv_forward(const ConvDesc&, const float*, const float*, const float*, float*) {
   throw Error("conv: Ember was built without oneDNN");
 }
-void onednn_conv_backward_data(const ConvDesc&, const float*, const float*, float*) {
+bool onednn_conv_backward_data(const ConvDesc&, const float*, const float*, float*) {
   throw Error("conv: Ember was built without oneDNN");
 }
-void onednn_conv_backward_weights(const ConvDesc&, const float*, const float*, float*, float*) {
+bool onednn_conv_backward_weights(const ConvDesc&, const float*, const float*, float*, float*) {
   throw Error("conv: Ember was built without oneDNN");
 }
 
@@ -112,6 +133,7 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 constexpr auto f32 = memory::data_type::f32;
+constexpr auto bf16 = memory::data_type::bf16;
 
 enum class Direction { Forward, BackwardData, BackwardWeights };
 
@@ -159,6 +181,10 @@ Operand operand(int arg, bool input, const memory::desc& user, const memory::des
   return op;
 }
 
+// The primitive for direction `dir` of d with its reorders. Its multiplied operands are d's
+// product type (bf16 where d.bf16: the reorders from the caller's f32 round them), its results
+// and the bias f32; the caller's operands are all f32 NCHW / (G)OIHW. Throws dnnl::error where
+// oneDNN has no implementation.
 Entry make_entry(Direction dir, const ConvDesc& d) {
   const memory::dims src_dims{d.N, d.C, d.in[0], d.in[1]}, dst_dims{d.N, d.O, d.out[0], d.out[1]};
   const memory::dims w_dims =
@@ -169,19 +195,30 @@ Entry make_entry(Direction dir, const ConvDesc& d) {
   const memory::dims dilates{d.dilation[0] - 1, d.dilation[1] - 1};  // oneDNN counts the gaps
   const memory::desc user_src(src_dims, f32, tag::nchw), user_dst(dst_dims, f32, tag::nchw),
       user_w(w_dims, f32, w_tag);
-  const memory::desc any_src(src_dims, f32, tag::any), any_dst(dst_dims, f32, tag::any),
-      any_w(w_dims, f32, tag::any);
+  // the product type: what src, weights and dst are multiplied in (src and diff_dst of the
+  // backward-weights, diff_dst and weights of the backward-data); results stay f32
+  const auto mul = d.bf16 ? bf16 : f32;
+  const memory::desc any_src(src_dims, mul, tag::any), any_dst(dst_dims, mul, tag::any),
+      any_w(w_dims, mul, tag::any);
+  const memory::desc any_src_f32(src_dims, f32, tag::any), any_dst_f32(dst_dims, f32, tag::any),
+      any_w_f32(w_dims, f32, tag::any);
   const memory::desc bias_md = d.bias ? memory::desc({d.O}, f32, tag::x) : memory::desc();
   const auto& eng = cpu_engine();
   const dnnl::primitive_attr attr = user_scratchpad();
   const auto algo = dnnl::algorithm::convolution_direct;
-  const dnnl::convolution_forward::primitive_desc fwd(
-      {dnnl::prop_kind::forward_training, algo, any_src, any_w, bias_md, any_dst, strides, dilates,
-       pad_l, pad_r},
-      attr, eng);
+  // the forward with a dst of `dst`: f32 for the forward itself, the product type for the
+  // backwards' hint (the same forward where the products are f32)
+  const auto forward = [&](const memory::desc& dst) {
+    return dnnl::convolution_forward::primitive_desc(
+        {dnnl::prop_kind::forward_training, algo, any_src, any_w, bias_md, dst, strides, dilates,
+         pad_l, pad_r},
+        attr, eng);
+  };
+  const auto hint = [&] { return forward(any_dst); };
   Entry e;
   switch (dir) {
     case Direction::Forward: {
+      const dnnl::convolution_forward::primitive_desc fwd = forward(any_dst_f32);
       e.prim = dnnl::convolution_forward(fwd);
       e.scratchpad = fwd.scratchpad_desc().get_size();
       e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, fwd.src_desc(), e.scratchpad));
@@ -194,7 +231,7 @@ Entry make_entry(Direction dir, const ConvDesc& d) {
     }
     case Direction::BackwardData: {
       const dnnl::convolution_backward_data::primitive_desc pd(
-          {algo, any_src, any_w, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, fwd);
+          {algo, any_src_f32, any_w, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, hint());
       e.prim = dnnl::convolution_backward_data(pd);
       e.scratchpad = pd.scratchpad_desc().get_size();
       e.operands.push_back(
@@ -207,7 +244,8 @@ Entry make_entry(Direction dir, const ConvDesc& d) {
     }
     case Direction::BackwardWeights: {
       const dnnl::convolution_backward_weights::primitive_desc pd(
-          {algo, any_src, any_w, bias_md, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, fwd);
+          {algo, any_src, any_w_f32, bias_md, any_dst, strides, dilates, pad_l, pad_r}, attr, eng,
+          hint());
       e.prim = dnnl::convolution_backward_weights(pd);
       e.scratchpad = pd.scratchpad_desc().get_size();
       e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, pd.src_desc(), e.scratchpad));
@@ -223,7 +261,8 @@ Entry make_entry(Direction dir, const ConvDesc& d) {
   return e;
 }
 
-// The cache: every field of the convolution, the direction and the thread count.
+// The cache: every field of the convolution (the product type too), the direction and the
+// thread count.
 using Key = std::array<int64_t, 22>;
 
 Key key_of(Direction dir, const ConvDesc& d, int threads) {
@@ -248,13 +287,15 @@ Key key_of(Direction dir, const ConvDesc& d, int threads) {
           d.dilation[1],
           d.bias ? 1 : 0,
           threads,
-          0};
+          d.bf16 ? 1 : 0};
 }
 
 // A program that convolves ever new shapes (growing sequences, say) would keep every primitive
 // it made; past this many the cache starts again.
 constexpr size_t kCacheCapacity = 1024;
 
+// An entry is null where oneDNN could not make a bf16 primitive for its key (the caller computes
+// that convolution otherwise, and asks oneDNN once).
 struct Cache {
   std::mutex mutex;
   std::map<Key, std::shared_ptr<const Entry> > entries;
@@ -265,6 +306,8 @@ Cache& cache() {
   return *c;
 }
 
+// The entry for (dir, d, threads), made on first use (with OpenMP's count at `threads`); null
+// where d.bf16 and oneDNN has no primitive for it. A f32 primitive it cannot make is an Error.
 std::shared_ptr<const Entry> entry_for(Direction dir, const ConvDesc& d, int threads) {
   Cache& c = cache();
   const Key key = key_of(dir, d, threads);
@@ -272,7 +315,13 @@ std::shared_ptr<const Entry> entry_for(Direction dir, const ConvDesc& d, int thr
   auto it = c.entries.find(key);
   if (it != c.entries.end()) return it->second;
   if (c.entries.size() >= kCacheCapacity) c.entries.clear();
-  auto made = std::make_shared<const Entry>(make_entry(dir, d));
+  std::shared_ptr<const Entry> made;
+  try {
+    made = std::make_shared<const Entry>(make_entry(dir, d));
+  } catch (const dnnl::error& err) {
+    if (!d.bf16)
+      throw Error(fmt::format("conv: oneDNN could not make a primitive: {}", err.what()));
+  }
   c.entries.emplace(key, made);
   return made;
 }
@@ -292,18 +341,21 @@ class OmpThreads {
 constexpr size_t kAlign = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// Whether oneDNN has the primitive for (dir, d) at `threads` threads (making it now if not yet).
+bool available(Direction dir, const ConvDesc& d, int threads) {
+  OmpThreads omp(threads);
+  return entry_for(dir, d, threads) != nullptr;
+}
+
 // Runs direction `dir` of d on the operands' buffers, in the order of the Entry's operands, on
-// `threads` threads (0: Ember's count, one inside a parallel region).
-void run(Direction dir, const ConvDesc& d, const std::vector<const void*>& buffers,
+// `threads` threads (0: Ember's count, one inside a parallel region). False, with nothing
+// written, where oneDNN has no bf16 primitive for it.
+bool run(Direction dir, const ConvDesc& d, const std::vector<const void*>& buffers,
          int threads = 0) {
   if (threads <= 0) threads = omp_in_parallel() ? 1 : std::max(1, get_num_threads());
   OmpThreads omp(threads);
-  std::shared_ptr<const Entry> e;
-  try {
-    e = entry_for(dir, d, threads);
-  } catch (const dnnl::error& err) {
-    throw Error(fmt::format("conv: oneDNN could not make a primitive: {}", err.what()));
-  }
+  const std::shared_ptr<const Entry> e = entry_for(dir, d, threads);
+  if (!e) return false;
   // one buffer of Ember's for every reordered operand and the scratchpad
   size_t bytes = aligned(e->scratchpad) + kAlign;
   for (const Operand& op : e->operands)
@@ -350,6 +402,7 @@ void run(Direction dir, const ConvDesc& d, const std::vector<const void*>& buffe
   for (auto& [op, user] : outputs)
     op->reorder->execute(stream, reorder_args(args.at(op->arg), user));
   stream.wait();
+  return true;
 }
 
 }  // namespace
@@ -360,16 +413,14 @@ int64_t onednn_cached_primitives() {
   return static_cast<int64_t>(c.entries.size());
 }
 
-void onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
+bool onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
                          float* y) {
-  if (d.bias)
-    run(Direction::Forward, d, {x, w, b, y});
-  else
-    run(Direction::Forward, d, {x, w, y});
+  if (d.bias) return run(Direction::Forward, d, {x, w, b, y});
+  return run(Direction::Forward, d, {x, w, y});
 }
 
-void onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx) {
-  run(Direction::BackwardData, d, {dy, w, dx});
+bool onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx) {
+  return run(Direction::BackwardData, d, {dy, w, dx});
 }
 
 // Note [Weight gradients in pieces]
@@ -378,13 +429,20 @@ void onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* 
 // resumed on another count continues bit for bit). So the batch is cut into pieces whose number
 // depends on the batch alone (kWeightPieces, fewer for a smaller batch), each piece reduced by a
 // one-thread primitive, the pieces in parallel over Ember's threads, and their sums added in
-// order. The forward and backward-data sum within one output element, on one thread whatever
-// the count: their bits do not depend on it.
+// order, in f32 and bf16 products alike. The forward and backward-data sum within one output
+// element, on one thread whatever the count: their bits do not depend on it.
 constexpr int64_t kWeightPieces = 4;
 
-void onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
+bool onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
                                   float* db) {
   const int64_t pieces = std::min(d.N, kWeightPieces);
+  // the pieces' primitives (at most two batch sizes) made here, so that a missing bf16 one
+  // sends the whole call back before anything runs
+  for (int64_t p = 0; p < pieces; ++p) {
+    ConvDesc piece = d;
+    piece.N = d.N * (p + 1) / pieces - d.N * p / pieces;
+    if (!available(Direction::BackwardWeights, piece, 1)) return false;
+  }
   const int64_t w_size = d.O * (d.C / d.G) * d.kernel[0] * d.kernel[1], b_size = d.bias ? d.O : 0;
   const int64_t x_image = d.C * d.in[0] * d.in[1], y_image = d.O * d.out[0] * d.out[1];
   const Tensor parts = empty({pieces, w_size + b_size}, kFloat32);
@@ -412,6 +470,7 @@ void onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float
   };
   add_up(dw, 0, w_size);
   if (d.bias) add_up(db, w_size, b_size);
+  return true;
 }
 
 #endif  // EMBER_HAVE_DNNL

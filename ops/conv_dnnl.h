@@ -1,7 +1,8 @@
-// oneDNN's convolution primitives (Debian's libdnnl 2.6, f32, direct kernels in its blocked
-// layouts) behind ops/conv.cpp: forward, backward-data and backward-weights on the caller's NCHW
-// tensors, with the reorders to and from oneDNN's layouts inside (Note [Convolutions in oneDNN]
-// in ops/conv_dnnl.cpp). Internal to ops/conv.cpp and its tests; no autograd, no oneDNN header.
+// oneDNN's convolution primitives (Debian's libdnnl 2.6, direct kernels in its blocked layouts)
+// behind ops/conv.cpp: forward, backward-data and backward-weights on the caller's Float32 NCHW
+// tensors, their products in Float32 or, under bfloat16 products, on operands rounded to bfloat16,
+// with the reorders to and from oneDNN's layouts inside (Note [Convolutions in oneDNN] in
+// ops/conv_dnnl.cpp). Internal to ops/conv.cpp and its tests; no autograd, no oneDNN header.
 #pragma once
 
 #include <array>
@@ -17,6 +18,12 @@ struct ConvDesc {
   std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad_l{0, 0}, pad_r{0, 0},
       dilation{1, 1};
   bool bias = false;  // forward: adds a bias (O); backward-weights: also gives its gradient
+  // The two multiplied operands (forward: x and w; backward-data: dy and w; backward-weights: x
+  // and dy) rounded to bfloat16 (to nearest, ties to even) by the reorders into oneDNN's layouts,
+  // products and sums in Float32, every result (y, dx, dw, db) and the bias Float32: the
+  // convolution under set_float32_matmul_precision("medium") where the CPU has bfloat16 products.
+  // (A bias gradient here would sum the rounded dy: ops/conv.cpp sums dy itself instead.)
+  bool bf16 = false;
 };
 
 // Whether Ember was built with oneDNN (EMBER_HAVE_DNNL).
@@ -27,19 +34,22 @@ bool conv_uses_onednn();
 // Switches the oneDNN path on or off for the whole process (tests compare the two paths). On has
 // no effect where Ember was built without oneDNN.
 void set_conv_uses_onednn(bool on);
-// The primitives made so far and kept (one per convolution, direction and thread count).
+// The primitives made so far and kept (one per convolution, direction, data type and thread
+// count).
 int64_t onednn_cached_primitives();
 
 // The kernels, on contiguous Float32 buffers; every size of d positive. They run on Ember's
-// thread count (one thread inside a parallel region).
+// thread count (one thread inside a parallel region). Each returns true when it ran; false, with
+// nothing written, where d.bf16 and oneDNN has no bfloat16 primitive for d on this CPU (the
+// caller then computes it otherwise). A Float32 primitive oneDNN cannot make is an Error.
 // y (N, O, out…) = conv(x (N, C, in…), w (O, C/G, kernel…)) + b (O) where d.bias.
-void onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
+bool onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, const float* b,
                          float* y);
 // dx (N, C, in…) = the input gradient of the convolution for dy (N, O, out…).
-void onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx);
+bool onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx);
 // dw (O, C/G, kernel…) = the weight gradient for x and dy; db (O) = Σ dy over (N, out…) where
 // d.bias.
-void onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
+bool onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
                                   float* db);
 
 }  // namespace ember::detail

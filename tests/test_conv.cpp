@@ -460,18 +460,6 @@ BOOST_AUTO_TEST_CASE(onednn_forward_mode_matches_im2col) {
   }
 }
 
-// Under set_float32_matmul_precision("medium") a Float32 convolution stays im2col + products
-// (its products in bfloat16 where the CPU has them), as before oneDNN.
-BOOST_AUTO_TEST_CASE(onednn_leaves_bfloat16_products_to_im2col) {
-  const Tensor x = randn({2, 3, 6, 6}).requires_grad_(), w = randn({4, 3, 3, 3});
-  set_float32_matmul_precision("medium");
-  const bool bf16 = float32_matmul_uses_bfloat16();
-  const std::string name(conv2d(x, w).grad_fn()->name());
-  set_float32_matmul_precision("highest");
-  if (bf16) BOOST_TEST(name != "ConvolutionBackward");
-  if (!bf16) BOOST_TEST_MESSAGE("this CPU has no bfloat16 products: medium computes as highest");
-}
-
 // oneDNN's results on 1 and 2 threads (primitives cached per thread count) and from several
 // caller threads at once agree with the 1-thread result; an empty batch and zero channels
 // stay on im2col and give torch's shapes.
