@@ -5,12 +5,16 @@ crop, then flip), optimizers and per-step cosine schedule, and an order reshuffl
 
   python3 bench/pytorch/fashion_mnist.py --model cnn --epochs 15 --threads 2
   python3 bench/pytorch/fashion_mnist.py --model resnet --augment --train-size 6400 --epochs 1
-      [--channels-last] [--compile]
+      [--channels-last] [--compile] [--autocast]
+
+--autocast runs every forward and loss (training and test) under torch.autocast("cpu",
+torch.bfloat16): convolutions and products on bfloat16 operands (oneDNN's bf16 kernels), the
+twin of the example's --matmul-precision medium; weights, gradients and optimizer stay Float32.
 
 Prints per-epoch test accuracy and, at the end, one JSON line with test_accuracy and
 images_per_s (training only), as the example's metrics.json.
 """
-import argparse, gzip, json, math, os, time
+import argparse, contextlib, gzip, json, math, os, time
 
 import torch
 import torch.nn as nn
@@ -97,6 +101,7 @@ def main():
     p.add_argument("--test-size", type=int, default=0)
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--autocast", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -119,6 +124,8 @@ def main():
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     forward = torch.compile(model) if a.compile else model
+    cast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.autocast
+            else contextlib.nullcontext)
     seconds, images = 0.0, 0
     for epoch in range(a.epochs):
         model.train()
@@ -130,7 +137,8 @@ def main():
             if a.augment:
                 x = augment(x)
             x = ((x - MEAN) / STD).contiguous(memory_format=fmt)
-            loss = F.cross_entropy(forward(x), train_y[idx])
+            with cast():
+                loss = F.cross_entropy(forward(x), train_y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -138,14 +146,14 @@ def main():
         seconds += time.perf_counter() - start
         images += len(train_x)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), cast():
             pred = torch.cat([forward(((test_x[i:i + 1000] - MEAN) / STD).contiguous(memory_format=fmt)).argmax(1)
                               for i in range(0, len(test_x), 1000)])
         acc = (pred == test_y).float().mean().item()
         print(f"epoch {epoch + 1}/{a.epochs}: test accuracy {100 * acc:.2f}%, "
               f"{len(train_x) / (time.perf_counter() - start):.0f} images/s", flush=True)
     print(json.dumps({"torch": torch.__version__, "model": a.model, "threads": a.threads,
-                      "channels_last": a.channels_last, "compile": a.compile,
+                      "channels_last": a.channels_last, "compile": a.compile, "autocast": a.autocast,
                       "test_accuracy": acc, "images_per_s": images / seconds}))
 
 
