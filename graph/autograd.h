@@ -216,6 +216,15 @@ inline bool forward_wanted(const Tensor* inputs, size_t n) {
 }
 }  // namespace detail
 
+// True when an op of these tensors (undefined ones skipped) would record anything: a Node for
+// reverse mode (grad mode on and one requires grad) or a tangent (one carries a tangent of a
+// visible level). Where it is false a forward rule's result is a constant to autograd, and the
+// rule may compute it by raw kernels from its Node's saved data (Note [Forward grads]).
+inline bool records_graph(std::initializer_list<Tensor> ts) {
+  return any_requires_grad(ts) ||
+         (detail::t_fw_visible != 0 && fwd::any_visible_tangent(ts.begin(), ts.size()));
+}
+
 template <class N, class... Args>
 Tensor record(std::string_view op, Tensor out, std::initializer_list<Tensor> inputs,
               Args&&... args) {

@@ -30,6 +30,11 @@
 //     ops] in ops/elementwise.cpp), so the views of a dual tensor see it; an in-place op that
 //     gives a tangent to a tensor without one gives it a new tangent, which views made before
 //     do not share (torch gives the base one; Ember does not track bases).
+//   - A rule is written in ops, so that its result carries the outer levels' tangents and records
+//     for reverse mode. Where none of its operands would record anything (records_graph() in
+//     graph/autograd.h: no visible tangent among them, and no gradient wanted; a jvp without
+//     create_graph at one level, say), a rule may instead compute the same tangent by raw kernels
+//     from its Node's saved data (layer_norm's and head_attention's do).
 //   - An op whose Node has no jvp() throws naming the op (Node::jvp), never a silent zero. Ops
 //     without a gradient (comparisons, indices) make no Node and no tangent: their result is
 //     constant.

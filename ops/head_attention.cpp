@@ -695,6 +695,17 @@ struct HeadAttentionBackward final : Node {
                        attention_dropout_factor({heads_.B, heads_.h, heads_.Tq, heads_.Tk},
                                                 in[0].dtype(), dropout_, op()));
     const Tensor q = h.split(in[0]), k = h.split(in[1]);
+    // Where the tangent needs no graph (records_graph), P and P_d are the kernels' own (saved),
+    // not recomputed in ops
+    if (p_.get().device().is_cpu() && !records_graph({in[0], in[1], in[2], t[0], t[1], t[2]})) {
+      const Tensor& p = p_.get();
+      const Tensor ts = h.score_tangent(q, k, t[0].defined() ? h.split(t[0]) : Tensor(),
+                                        t[1].defined() ? h.split(t[1]) : Tensor());
+      Tensor d;
+      if (ts.defined()) d = matmul(h.dropped(HeadsInOps::through_softmax(p, ts)), h.split(in[2]));
+      if (t[2].defined()) d = fwd::add_tangents(d, matmul(pd_.get(), h.split(t[2])));
+      return {h.merge(d)};
+    }
     const Tensor p = h.weights(q, k);
     const Tensor ts = h.score_tangent(q, k, t[0].defined() ? h.split(t[0]) : Tensor(),
                                       t[1].defined() ? h.split(t[1]) : Tensor());

@@ -484,6 +484,8 @@ struct LayerNormBackward final : Node {
   std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
                           const std::vector<Tensor>& out) override {
     const Tensor &x = in[0], &w = in[1];
+    if (x_.get().device().is_cpu() && !records_graph({x, w, t[0], t[1], t[2]}))
+      return {jvp_by_kernels(t[0], t[1], t[2])};
     Tensor d;
     if (t[0].defined() || t[1].defined()) {
       const std::vector<int64_t> dims = trailing_dims(x, k_);
@@ -497,6 +499,33 @@ struct LayerNormBackward final : Node {
     }
     d = fwd::add_tangents(d, t[2]);
     return {fwd::broadcast_tangent(d, out[0].shape())};
+  }
+  // The same tangent by the kernels, on the CPU where it needs no graph: txhat is the backward
+  // kernel's dX for dY = tX without a weight (the same projection), and xhat tW + tB the forward
+  // kernel's output for weight tW and bias tB (its statistics recomputed, bit for bit the same).
+  Tensor jvp_by_kernels(const Tensor& tx, const Tensor& tw, const Tensor& tb) {
+    const Tensor &x = x_.get(), &w = weight_.get();
+    Tensor d;
+    dispatch_float(x.dtype(), op(), [&]<class T>() {
+      if (tw.defined()) {
+        const Tensor tw_c = tw.contiguous(), tb_c = tb.defined() ? tb.contiguous() : Tensor();
+        const Tensor stats = empty({2, M_}, x.dtype(), x.device());
+        d = empty(x.shape(), x.dtype(), x.device());
+        layer_norm_forward<T>(x.data<T>(), tw_c.data<T>(), data_or_null<T>(tb_c), d.data<T>(),
+                              stats.data<T>(), stats.data<T>() + M_, M_, N_, eps_);
+      } else if (tb.defined()) {
+        d = tb;  // broadcast below
+      }
+      if (tx.defined()) {
+        const Tensor g = tx.contiguous();
+        Tensor txhat = empty(x.shape(), x.dtype(), x.device());
+        layer_norm_backward<T>(g.data<T>(), x.data<T>(), nullptr, mean_.get().data<T>(),
+                               rstd_.get().data<T>(), txhat.data<T>(), nullptr, nullptr, M_, N_);
+        if (w.defined()) txhat = mul(txhat, w);
+        d = d.defined() ? add(txhat, d) : txhat;
+      }
+    });
+    return fwd::broadcast_tangent(d, x.shape());
   }
   int64_t M_, N_, k_;
   double eps_;

@@ -4,6 +4,8 @@
 // ops updating tangents, nested levels giving second derivatives, an op without a rule, and
 // reverse mode through primals and through tangents. The per-op rules are checked by every op
 // table's table_forward_ad (tests/op_table.h).
+#include <functional>
+#include <string>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -271,6 +273,72 @@ BOOST_AUTO_TEST_CASE(gradgradcheck_checks_forward_over_reverse) {
     const GradcheckResult r = gradgradcheck(f, inputs, {}, options);
     BOOST_TEST(r.ok, name << ": " << r.message);
   }
+}
+
+// The rules that compute a tangent by kernels where it needs no graph (records_graph false:
+// layer_norm's and head_attention's) against the same rules in ops (their inputs requiring grad)
+// and against central differences, in Float64: tangents on every subset of the inputs, a
+// non-contiguous input and tangent, two normalized dims, no affine parameters, a mask with an
+// empty row, an empty batch.
+BOOST_AUTO_TEST_CASE(rules_by_kernels_match_rules_in_ops) {
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  const auto check = [](const std::string& name, const Fn& f, const std::vector<Tensor>& xs,
+                        const std::vector<Tensor>& vs) {
+    const auto tangent = [&](bool in_ops) {
+      GradModeScope grad_mode(in_ops);
+      fa::DualLevel level;
+      std::vector<Tensor> duals;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const Tensor x = in_ops ? xs[i].detach().requires_grad_() : xs[i].detach();
+        duals.push_back(vs[i].defined() ? fa::make_dual(x, vs[i]) : x);
+      }
+      const Tensor t = tangent_of(f(duals));
+      return t.defined() ? t.detach() : t;
+    };
+    const Tensor by_kernels = tangent(false), in_ops = tangent(true);
+    BOOST_TEST_REQUIRE(by_kernels.defined(), name);
+    expect_close(by_kernels, in_ops, 1e-10, 1e-12, name + ": kernels against ops");
+    NoGradGuard no_grad;
+    const double h = 1e-6;
+    std::vector<Tensor> plus, minus;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      plus.push_back(vs[i].defined() ? add(xs[i], mul(vs[i], h)) : xs[i]);
+      minus.push_back(vs[i].defined() ? sub(xs[i], mul(vs[i], h)) : xs[i]);
+    }
+    expect_close(by_kernels, div(sub(f(plus), f(minus)), 2 * h), 1e-6, 1e-7,
+                 name + ": kernels against central differences");
+  };
+  const auto r = [](Shape s) { return randn(std::move(s), kFloat64); };
+  const Tensor x = r({3, 4, 5}), w = r({5}), b = r({5});
+  const Tensor tx = r({3, 4, 5}), tw = r({5}), tb = r({5});
+  const Fn ln = [](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}, in[1], in[2]); };
+  check("layer_norm, tX", ln, {x, w, b}, {tx, {}, {}});
+  check("layer_norm, tX tW tB", ln, {x, w, b}, {tx, tw, tb});
+  check("layer_norm, tW", ln, {x, w, b}, {{}, tw, {}});
+  check("layer_norm, tB", ln, {x, w, b}, {{}, {}, tb});
+  check("layer_norm, non-contiguous", ln, {r({5, 4, 3}).permute({2, 1, 0}), w, b},
+        {r({5, 4, 3}).permute({2, 1, 0}), tw, {}});
+  check("layer_norm, two dims",
+        [](const std::vector<Tensor>& in) {
+          return layer_norm(in[0], {4, 5}, in[1], {});
+        },
+        {x, r({4, 5})}, {tx, r({4, 5})});
+  check("layer_norm, no weight",
+        [](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}); }, {x}, {tx});
+  check("layer_norm, empty", ln, {r({0, 5}), w, b}, {r({0, 5}), tw, tb});
+
+  const Tensor q = r({2, 3, 8}), k = r({2, 4, 8}), v = r({2, 4, 8});
+  const Tensor keep = from_vector(std::vector<double>{1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1}, {3, 4},
+                                  kFloat64);  // the second query sees no key
+  const Fn attention = [&](const std::vector<Tensor>& in) {
+    return head_attention(in[0], in[1], in[2], 2, keep).values;
+  };
+  check("head_attention, tQ tK tV", attention, {q, k, v},
+        {r({2, 3, 8}), r({2, 4, 8}), r({2, 4, 8})});
+  check("head_attention, tK", attention, {q, k, v}, {{}, r({2, 4, 8}), {}});
+  check("head_attention, tV", attention, {q, k, v}, {{}, {}, r({2, 4, 8})});
+  check("head_attention, non-contiguous", attention, {q, r({8, 4, 2}).permute({2, 1, 0}), v},
+        {r({2, 3, 8}), r({8, 4, 2}).permute({2, 1, 0}), {}});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
