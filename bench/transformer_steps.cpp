@@ -170,21 +170,96 @@ std::function<void()> make_second_order(Config c, bool tiny, bool hvp) {
   };
 }
 
+// Step B's loss as a function of its parameters (nn::functional_call, torch.func's).
+autograd::functional::Fn loss_of_params(const std::shared_ptr<SecondOrder>& s) {
+  return [s](const std::vector<Tensor>& xs) {
+    nn::NamedTensors given;
+    for (size_t i = 0; i < xs.size(); ++i) given.emplace_back(s->named[i].first, xs[i]);
+    return nn::functional_call(*s->model, given, [&] { return s->loss(); });
+  };
+}
+
 // The same product as autograd::functional::vhp(f, params, v) takes it, f the loss as a function
 // of the parameters (nn::functional_call, torch.func's): its first gradient is only
 // differentiated, never read (Note [Results for their graph alone]).
 std::function<void()> make_functional_vhp(Config c, bool tiny) {
   const auto s = std::make_shared<SecondOrder>(c, tiny);
-  const autograd::functional::Fn loss = [s](const std::vector<Tensor>& xs) {
-    nn::NamedTensors given;
-    for (size_t i = 0; i < xs.size(); ++i) given.emplace_back(s->named[i].first, xs[i]);
-    return nn::functional_call(*s->model, given, [&] { return s->loss(); });
-  };
+  const autograd::functional::Fn loss = loss_of_params(s);
   return [s, loss] { (void)autograd::functional::vhp(loss, s->params, s->v); };
+}
+
+// Issue 46's jvp/ rows on step B's model: the loss's derivative along a direction v (torch.func.jvp
+// of functional_call in the twin) of the input embeddings (v on the two embedding tables alone,
+// the tokens being integers: every product then carries one tangent operand, as an MLP's jvp in
+// its input) or of every parameter (the products of weights carry two: X·tWᵀ and tX·Wᵀ). Rows:
+// the loss alone (no grad), the jvp in forward mode (functional::jvp: one pass carrying the
+// tangents), and the double-vjp trick (the gradient recorded against a dummy cotangent u, then
+// differentiated with respect to u along v).
+enum class JvpKind { kForward, kForwardMode, kDoubleVjp };
+
+std::function<void()> make_jvp(Config c, bool tiny, bool embeddings_only, JvpKind kind) {
+  const auto s = std::make_shared<SecondOrder>(c, tiny);
+  if (embeddings_only) {  // only the embedding tables are the function's inputs
+    nn::NamedTensors named;
+    std::vector<Tensor> params, v;
+    for (size_t i = 0; i < s->named.size(); ++i) {
+      if (s->named[i].first.find(".lut.") == std::string::npos) continue;
+      named.push_back(s->named[i]), params.push_back(s->params[i]), v.push_back(s->v[i]);
+    }
+    s->named = named, s->params = params, s->v = v;
+  }
+  const autograd::functional::Fn loss = loss_of_params(s);
+  switch (kind) {
+    case JvpKind::kForward:
+      return [s] {
+        NoGradGuard no_grad;
+        (void)s->loss();
+      };
+    case JvpKind::kForwardMode:
+      return [s, loss] { (void)autograd::functional::jvp(loss, s->params, s->v); };
+    case JvpKind::kDoubleVjp:
+      break;
+  }
+  return [s] {
+    const Tensor y = s->loss();
+    const Tensor u = zeros_like(y).requires_grad_();
+    const std::vector<Tensor> g = autograd::grad({y}, s->params, {u}, true, true);
+    (void)autograd::grad(g, {u}, s->v)[0];
+  };
 }
 
 void add_transformer_workloads() {
   const Config b{"transformer/B small V=11 N=2 d=64 b=80 len=10", 11, 2, 64, 256, 4, 80, 10};
+  // a forward's flops: a third of the step's
+  registry().push_back({"jvp/B loss forward", step_flops(b) / 3,
+                        [b](bool tiny) { return make_jvp(b, tiny, false, JvpKind::kForward); }});
+  for (const bool embeddings_only : {true, false}) {
+    const std::string jvp =
+        embeddings_only ? "jvp/B loss, input embeddings" : "jvp/B loss, all parameters";
+    const double products = embeddings_only ? 2 : 3;  // the forward's, times
+    registry().push_back(
+        {jvp + " jvp forward mode", products * step_flops(b) / 3, [b, embeddings_only](bool tiny) {
+           return make_jvp(b, tiny, embeddings_only, JvpKind::kForwardMode);
+         }});
+    registry().push_back({jvp + " jvp double-vjp", step_flops(b), [b, embeddings_only](bool tiny) {
+                            return make_jvp(b, tiny, embeddings_only, JvpKind::kDoubleVjp);
+                          }});
+  }
+  registry().push_back({"second-order/B hvp (functional)", step_flops(b), [b](bool tiny) {
+                          const auto s = std::make_shared<SecondOrder>(b, tiny);
+                          const autograd::functional::Fn loss = loss_of_params(s);
+                          return std::function<void()>([s, loss] {
+                            (void)autograd::functional::hvp(loss, s->params, s->v);
+                          });
+                        }});
+  registry().push_back(
+      {"second-order/B hvp forward-over-reverse (functional)", step_flops(b), [b](bool tiny) {
+         const auto s = std::make_shared<SecondOrder>(b, tiny);
+         const autograd::functional::Fn loss = loss_of_params(s);
+         return std::function<void()>([s, loss] {
+           (void)autograd::functional::hvp_forward_over_reverse(loss, s->params, s->v);
+         });
+       }});
   registry().push_back({"second-order/B gradient", step_flops(b),
                         [b](bool tiny) { return make_second_order(b, tiny, false); }, 0, true});
   registry().push_back({"second-order/B hvp", step_flops(b),

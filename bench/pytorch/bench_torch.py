@@ -23,6 +23,7 @@ import os
 import resource
 import sys
 import time
+import types
 
 import torch
 from torch import nn
@@ -587,6 +588,56 @@ def second_order_functional(name, *config):
 
 
 second_order_functional("second-order/B vhp (functional)", *TRANSFORMERS[1][1:])
+
+
+def jvp_step_b(config):
+    """Issue 46's jvp/ rows on step B's model, as ember_bench's: the loss alone under no_grad, and
+    torch.func.jvp of functional_call along a direction v of the input embeddings (the two
+    embedding tables) or of every parameter (ember_bench also times its double-vjp trick, which
+    has no twin here)."""
+    flops = transformer_flops(*config)
+
+    def setup(tiny):
+        from annotated_transformer import PositionalEncoding
+        model, loss_compute, batch_, _ = transformer_setup(tiny, *config)
+        # The original's positional encoding calls requires_grad_(False) on its (constant) table
+        # in forward, which torch.func refuses inside a transform: the same sum without the call.
+        for m in model.modules():
+            if isinstance(m, PositionalEncoding):
+                m.forward = types.MethodType(
+                    lambda self, x: self.dropout(x + self.pe[:, : x.size(1)]), m)
+        return _LossOf(model, loss_compute), batch_
+
+    @workload("jvp/B loss forward", flops / 3)
+    def _(tiny):
+        loss_of, batch_ = setup(tiny)
+
+        def step():
+            with torch.no_grad():
+                loss_of(batch_)
+        return step
+
+    for embeddings_only, what, products in ((True, "input embeddings", 2),
+                                            (False, "all parameters", 3)):
+        @workload(f"jvp/B loss, {what} jvp forward mode", products * flops / 3)
+        def _(tiny, embeddings_only=embeddings_only):
+            from torch.func import functional_call
+            loss_of, batch_ = setup(tiny)
+            named = [(n, p.detach()) for n, p in loss_of.named_parameters()
+                     if not embeddings_only or ".lut." in n]
+            names = [n for n, _ in named]
+            params = tuple(p for _, p in named)
+            v = tuple(torch.randn_like(p) for p in params)
+
+            def f(*xs):
+                return functional_call(loss_of, dict(zip(names, xs)), (batch_,))
+
+            def step():
+                torch.func.jvp(f, params, v)
+            return step
+
+
+jvp_step_b(TRANSFORMERS[1][1:])
 
 
 # --- harness
