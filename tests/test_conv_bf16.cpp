@@ -105,6 +105,13 @@ std::vector<Tensor> results(const Case& c, const std::vector<Tensor>& leaves, co
   return out;
 }
 
+// The same under bfloat16 products ("medium"), "highest" again afterwards.
+std::vector<Tensor> results_medium(const Case& c, const std::vector<Tensor>& leaves,
+                                   const Tensor& up) {
+  MediumPrecision m;
+  return results(c, leaves, up);
+}
+
 const char* const kNames[] = {"value", "input gradient", "weight gradient", "bias gradient"};
 
 // The largest magnitude of t, at least 1.
@@ -202,11 +209,7 @@ BOOST_AUTO_TEST_CASE(onednn_bf16_near_highest) {
   for (const Case& c : kCases) {
     const Operands o = operands(c);
     const std::vector<Tensor> highest = results(c, o.leaves, o.up);
-    std::vector<Tensor> medium;
-    {
-      MediumPrecision m;
-      medium = results(c, o.leaves, o.up);
-    }
+    const std::vector<Tensor> medium = results_medium(c, o.leaves, o.up);
     for (size_t i = 0; i < medium.size(); ++i)
       expect_close(medium[i], highest[i], 2e-2, 2e-2 * scale_of(highest[i]),
                    fmt::format("{} {}", c.name, kNames[i]));
@@ -221,11 +224,7 @@ BOOST_AUTO_TEST_CASE(highest_unchanged) {
   for (const Case& c : kCases) {
     const Operands o = operands(c);
     const std::vector<Tensor> before = results(c, o.leaves, o.up);
-    std::vector<Tensor> medium;
-    {
-      MediumPrecision m;
-      medium = results(c, o.leaves, o.up);
-    }
+    const std::vector<Tensor> medium = results_medium(c, o.leaves, o.up);
     const std::vector<Tensor> after = results(c, o.leaves, o.up);
     std::vector<Tensor> im2col;
     {
