@@ -345,6 +345,26 @@ Tensor index_add_zeros(const Tensor& g, int64_t dim, const Tensor& index, const 
   dispatch_float(g.dtype(), op, [&]<class T>() {
     const T* pg = g.data<T>();
     T* po = out.data<T>();
+    if (g.is_contiguous()) {
+      // Rows of `post` elements: g's row (o, k) adds into out's row (o, idx[k]), k in order, as
+      // the lines below add them; the threads split the columns, so no two write one element.
+      int64_t pre = 1, post = 1;
+      for (int64_t d = 0; d < dim; ++d) pre *= g.size(d);
+      for (int64_t d = dim + 1; d < g.dim(); ++d) post *= g.size(d);
+      const int64_t n = shape[dim];
+      parallel_for(
+          post,
+          [&](int64_t begin, int64_t end) {
+            for (int64_t o = 0; o < pre; ++o)
+              for (int64_t k = 0; k < k_count; ++k) {
+                const T* src = pg + (o * k_count + k) * post;
+                T* dst = po + (o * n + idx[k]) * post;
+                for (int64_t j = begin; j < end; ++j) dst[j] += src[j];
+              }
+          },
+          row_grain(pre * k_count));
+      return;
+    }
     const int64_t sg = g.stride(dim), so = out.stride(dim);
     // Each line of g along dim adds into its own line of out: lines never collide.
     for_each_line<2>(g.shape(), dim, {out.strides(), g.strides()}, [&](const auto& off) {
