@@ -34,6 +34,15 @@ bool conv_uses_onednn();
 // Switches the oneDNN path on or off for the whole process (tests compare the two paths). On has
 // no effect where Ember was built without oneDNN.
 void set_conv_uses_onednn(bool on);
+// Whether Float32 convolutions that suit Winograd's kernels run them now (Note [Winograd
+// convolutions] in ops/conv_dnnl.cpp): not switched off by the environment (EMBER_CONV=direct,
+// read once) or set_conv_winograd(false).
+bool conv_uses_winograd();
+// Switches Winograd's kernels on or off for the whole process (tests compare them with the direct
+// kernels).
+void set_conv_winograd(bool on);
+// Whether the forward of d runs Winograd's kernels now (making its primitive if not yet).
+bool onednn_uses_winograd(const ConvDesc& d);
 // The primitives made so far and kept (one per convolution, direction, data type and thread
 // count).
 int64_t onednn_cached_primitives();
