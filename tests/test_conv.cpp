@@ -576,6 +576,34 @@ BOOST_AUTO_TEST_CASE(onednn_winograd) {
   }
   // Winograd's kernels ran: their bits differ from the direct kernels'
   BOOST_TEST((one[0] - direct[0]).abs().max().item<double>() > 0.0);
+  // several callers at once share the cached primitives, each with its own scratchpad
+  set_num_threads(1);
+  const Tensor x32 = x.to(kFloat32), w32 = w.to(kFloat32), b32 = b.to(kFloat32);
+  std::vector<Tensor> got(3);
+  {
+    std::vector<std::thread> callers;
+    for (size_t i = 0; i < got.size(); ++i)
+      callers.emplace_back([&, i] { got[i] = conv2d(x32, w32, b32, {1}, 1); });
+    for (std::thread& t : callers) t.join();
+  }
+  set_num_threads(before);
+  for (const Tensor& g : got) expect_close(g.to(kFloat64), one[0], 0, 0, "concurrent callers");
+  // the transposed convolution is the backward-data: Winograd's too, and its gradients
+  const Tensor t64 = randn({25, 32, 28, 28}, kFloat64);
+  const auto transposed = [&](DType dtype) {
+    const Tensor tg = t64.to(dtype).requires_grad_(), wg = w.to(dtype).requires_grad_();
+    const Tensor y = conv_transpose2d(tg, wg, {}, {1}, {1});
+    std::vector<Tensor> out = autograd::grad({y}, {tg, wg}, {x.to(dtype)});
+    out.insert(out.begin(), y.detach());
+    for (Tensor& r : out) r = r.to(kFloat64);
+    return out;
+  };
+  const std::vector<Tensor> t_want = transposed(kFloat64), t_got = transposed(kFloat32);
+  const char* t_names[] = {"transposed value", "transposed input gradient",
+                           "transposed weight gradient"};
+  for (size_t i = 0; i < t_want.size(); ++i)
+    expect_close(t_got[i], t_want[i], 1e-5, 5e-6 * t_want[i].abs().max().item<double>(),
+                 t_names[i]);
 }
 
 // The layers: torch's parameter names, shapes and initialisation bound, options passed through,
