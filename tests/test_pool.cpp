@@ -202,6 +202,15 @@ BOOST_AUTO_TEST_CASE(parallel_planes_match_composed_pooling) {
   for (const Tensor& in : {x, xt}) {
     expect_close(max_pool2d(in, {3}, {2}, {1}), pooled_by_slices(in, 3, 2, 1, true), 0, 0,
                  "max_pool2d value");
+    // 2x2 windows of stride 2, the CNNs' pool
+    expect_close(max_pool2d(in, {2}), pooled_by_slices(in, 2, 2, 0, true), 0, 0,
+                 "max_pool2d 2x2 value");
+    const Tensor up2 = randn({8, 16, 15, 15}, kFloat64);
+    expect_close(
+        value_and_grad([](const Tensor& t) { return max_pool2d(t, {2}); }, in, up2).grad,
+        value_and_grad([](const Tensor& t) { return pooled_by_slices(t, 2, 2, 0, true); }, in, up2)
+            .grad,
+        1e-12, 1e-12, "max_pool2d 2x2 gradient");
     const Tensor up = randn({8, 16, 16, 15}, kFloat64);
     const auto grad_of = [&](const std::function<Tensor(const Tensor&)>& f) {
       return value_and_grad(f, in, up).grad;
@@ -266,6 +275,19 @@ BOOST_AUTO_TEST_CASE(max_pool_nan_inf_and_padding_windows) {
   const MaxPoolResult all_inf =
       max_pool2d_with_indices(full({1, 1, 2, 2}, -inf, kFloat64), {2}, {}, {1});
   BOOST_TEST((all_inf.indices.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3}));
+
+  // the same in 2x2 windows of stride 2 (the CNNs' pool), Float32 and Float64: the last NaN,
+  // the first of equal maxima, the first tap of an all -inf window
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    const Tensor q = from_vector(std::vector<double>{nan, 1, 7, 7, -inf, -inf, 2, 5,  //
+                                                     0, nan, 7, 7, -inf, -inf, 5, 2},
+                                 {1, 1, 2, 8}, dtype);
+    const MaxPoolResult p = max_pool2d_with_indices(q, {2});
+    const std::vector<double> pv = p.values.to(kFloat64).to_vector<double>();
+    BOOST_TEST(std::isnan(pv[0]));
+    BOOST_TEST((std::vector<double>(pv.begin() + 1, pv.end()) == std::vector<double>{7, -inf, 5}));
+    BOOST_TEST((p.indices.to_vector<int64_t>() == std::vector<int64_t>{9, 2, 4, 7}));
+  }
 
   // L = 1, kernel 2, padding 1, dilation 2: the one window's taps are -1 and 1, both padding
   const Tensor leaf = full({1, 1, 1, 1}, 0.5, kFloat64).requires_grad_();
