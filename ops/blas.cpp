@@ -25,6 +25,8 @@
 
 #include "graph/error.h"
 #include "graph/profile.h"
+#include "ops/gemm_amx.h"
+#include "ops/gemm_bf16.h"
 #include "ops/linalg.h"
 
 // Note [Choosing the product library]
@@ -45,10 +47,12 @@
 //    only where the build linked it; OpenBLAS is the fallback everywhere.
 // Float64 runs on BLIS where BLIS was chosen, else on OpenBLAS: oneDNN has no Float64 product.
 // The bfloat16 products of set_float32_matmul_precision("medium") are Ember's own kernel
-// (ops/gemm_bf16.cpp) whatever the library. The libraries run on the calling thread: OpenBLAS
-// and OpenMP are pinned at one thread (graph/parallel.cpp), oneDNN sizes its work from OpenMP's
-// count, and the BLIS opened is the serial build; ops/linalg.cpp splits a product across
-// Ember's threads itself (Note [Threads in products]), so the thread rule is the same for all.
+// (ops/gemm_bf16.cpp) whatever the library, or oneDNN's matmul on AMX tiles where the CPU has
+// AMX-BF16 (Note [bfloat16 products on AMX] in ops/gemm_amx.cpp). The libraries run on the calling
+// thread: OpenBLAS and OpenMP are pinned at one thread (graph/parallel.cpp), oneDNN sizes its work
+// from OpenMP's count, and the BLIS opened is the serial build; ops/linalg.cpp splits a product
+// across Ember's threads itself (Note [Threads in products]), so the thread rule is the same for
+// all.
 
 namespace ember {
 namespace detail {
@@ -334,12 +338,16 @@ std::string blas_library_info() {
     }
   }
   const detail::Cpu& c = detail::cpu();
-  return fmt::format("{} ({}; {} family {} model {}{}); Float32 on {}, Float64 on {}",
+  // the bfloat16 products of "medium" (Note [bfloat16 products on AMX])
+  const char* bf16 = !detail::cpu_has_bf16_products() ? ""
+                     : detail::amx_products()         ? "; bfloat16 on AMX (oneDNN's matmul)"
+                                              : "; bfloat16 on AVX512-BF16 (Ember's kernel)";
+  return fmt::format("{} ({}; {} family {} model {}{}); Float32 on {}, Float64 on {}{}",
                      detail::kNames[static_cast<int>(lib)], why, c.vendor, c.family, c.model,
                      c.avx512 ? ", AVX-512"
                      : c.avx2 ? ", AVX2"
                               : "",
-                     f32, f64);
+                     f32, f64, bf16);
 }
 
 }  // namespace ember

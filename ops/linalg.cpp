@@ -22,6 +22,7 @@
 #include "graph/strided.h"
 #include "ops/blas.h"
 #include "ops/common.h"
+#include "ops/gemm_amx.h"
 #include "ops/gemm_bf16.h"
 #include "ops/loop_gemm.h"
 #include "ops/reduce.h"
@@ -96,7 +97,10 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
                       const T* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     if (float32_matmul_uses_bfloat16()) {
-      detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc, bias);
+      if (!detail::gemm_bf16_amx(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c,
+                                 ldc, bias))
+        detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc,
+                          bias);
       return;
     }
   }

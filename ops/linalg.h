@@ -19,7 +19,8 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha = 1.0,
 // torch.set_float32_matmul_precision: how every Float32 product (matmul, mm, bmm, linear, gemm and
 // their backwards) computes. "highest" (the default) and "high": in Float32, as OpenBLAS's
 // sgemm. "medium": each operand rounded to bfloat16 (to nearest even), products and sums in
-// Float32, the result Float32 (ops/gemm_bf16.cpp); where the CPU lacks AVX512-BF16 it computes
+// Float32, the result Float32 (ops/gemm_bf16.cpp; on AMX tiles where the CPU has AMX-BF16,
+// ops/gemm_amx.cpp); where the CPU lacks AVX512-BF16 it computes
 // as "highest" (float32_matmul_uses_bfloat16() says which). The products below BLAS stay
 // Float32: tiny ones (m·n·k <= 512), matrix-vector ones, and narrow ones (at most 64 columns and
 // 16,384 multiply-adds: attention over short sequences). Weights, gradients and optimizer state are

@@ -8,6 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "ops/gemm_amx.h"
 #include "tests/edge_shapes.h"
 
 using namespace ember;
@@ -391,7 +392,49 @@ struct PrecisionScope {
   ~PrecisionScope() { set_float32_matmul_precision("highest"); }
 };
 
+void medium_precision_products();
+void linear_bias_products();
+
+// Runs body once on Ember's bfloat16 kernel and, on a CPU with AMX-BF16, once more with the
+// products large enough for it on AMX tiles (Note [bfloat16 products on AMX]).
+template <class Body>
+void on_each_bfloat16_kernel(Body body) {
+  const bool amx = ember::detail::amx_products();
+  for (const bool on : {false, true}) {
+    if (on && !amx) break;
+    ember::detail::set_amx_products(on);
+    BOOST_TEST_CONTEXT("AMX " << (on ? "on" : "off")) { body(); }
+  }
+  ember::detail::set_amx_products(amx);
+}
+
 BOOST_AUTO_TEST_CASE(medium_precision_rounds_operands_to_bfloat16) {
+  on_each_bfloat16_kernel(medium_precision_products);
+}
+
+BOOST_AUTO_TEST_CASE(amx_runs_the_large_bfloat16_products) {
+  // where the CPU has AMX-BF16 the large "medium" products run there (a primitive per shape, and
+  // per thread's block of it, in its cache), the small ones and those with AMX switched off on
+  // Ember's kernel; elsewhere nothing is cached
+  PrecisionScope medium("medium");
+  const bool amx = ember::detail::amx_products() && float32_matmul_uses_bfloat16();
+  const int64_t before = ember::detail::amx_cached_primitives();
+  (void)matmul(randn({130, 140}), randn({140, 136}));  // 2^21 multiply-adds: to AMX
+  const int64_t made = ember::detail::amx_cached_primitives();
+  BOOST_TEST((made > before) == amx);
+  const Tensor s = randn({40, 40});
+  (void)matmul(s, s);  // 2^16: stays on Ember's kernel
+  BOOST_TEST(ember::detail::amx_cached_primitives() == made);
+  const bool was = ember::detail::amx_products();
+  ember::detail::set_amx_products(false);
+  BOOST_TEST(!ember::detail::amx_products());
+  (void)matmul(randn({131, 140}), randn({140, 136}));
+  BOOST_TEST(ember::detail::amx_cached_primitives() == made);
+  ember::detail::set_amx_products(was);
+  BOOST_TEST(ember::detail::amx_products() == was);
+}
+
+void medium_precision_products() {
   BOOST_TEST(get_float32_matmul_precision() == "highest");
   PrecisionScope medium("medium");
   BOOST_TEST(get_float32_matmul_precision() == "medium");
@@ -452,6 +495,10 @@ BOOST_AUTO_TEST_CASE(medium_precision_rounds_operands_to_bfloat16) {
 }
 
 BOOST_AUTO_TEST_CASE(linear_adds_its_bias_in_the_product) {
+  on_each_bfloat16_kernel(linear_bias_products);
+}
+
+void linear_bias_products() {
   // linear's bias goes down into the product: copied into the rows of C each thread writes before
   // BLAS, or added by the bfloat16 kernel as it stores C (in its first block of k only). Rows and
   // columns split across threads, several blocks of k, a product below the threads' threshold.
