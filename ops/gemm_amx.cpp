@@ -17,10 +17,16 @@
 //   contract does not, so alpha != 1 with a bias stays on gemm_bf16).
 // - Each product is the bfloat16 products summed in Float32, gemm_bf16's contract; the order of
 //   the sums is the tiles' own, so the bits differ from gemm_bf16's (as from library to library).
-// - A primitive is made once per shape, layout, alpha, beta and bias, at one OpenMP thread (Ember
-//   splits products across its threads itself, Note [Threads in products]), and kept in a cache
-//   as the convolutions' are (ops/conv_dnnl.cpp). A shape for which oneDNN offers no AMX kernel
-//   is cached as missing and runs on gemm_bf16.
+// - A product runs whole, on oneDNN's threads at Ember's count, not cut into blocks of C per
+//   thread as other products are (Note [Threads in products]): a block of columns writes C
+//   through a leading dimension wider than itself, which oneDNN 2.6's AMX matmul does not take
+//   (it fell back to its Float32-speed gemm:jit), and every block would round all of the other
+//   operand again. The rounding passes are split across Ember's threads. oneDNN splits C's
+//   blocks across threads and sums each element's k on one: the bits do not depend on the count
+//   (test_linalg compares one and two threads).
+// - A primitive is made once per shape, layout, alpha, beta, bias and thread count, and kept in a
+//   cache as the convolutions' are (ops/conv_dnnl.cpp). A shape for which oneDNN offers no AMX
+//   kernel is cached as missing and runs on gemm_bf16.
 // - EMBER_AMX=off in the environment (read once), or set_amx_products(false), keeps every
 //   bfloat16 product on gemm_bf16.
 #include "ops/gemm_amx.h"
@@ -42,6 +48,9 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include "graph/parallel.h"
+#include "graph/strided.h"
 #endif
 
 namespace ember::detail {
@@ -93,7 +102,7 @@ void set_amx_products(bool on) {
 int64_t amx_cached_primitives() { return 0; }
 
 bool gemm_bf16_amx(int64_t, int64_t, int64_t, float, const float*, bool, int64_t, const float*,
-                   bool, int64_t, float, float*, int64_t, const float*) {
+                   bool, int64_t, float, float*, int64_t, const float*, int) {
   return false;
 }
 
@@ -139,8 +148,8 @@ struct Entry {
   size_t scratchpad = 0;
 };
 
-// m, n, k, the transposes, ldc, bias, and alpha's and beta's bits
-using Key = std::array<int64_t, 9>;
+// m, n, k, the transposes, ldc, bias, alpha's and beta's bits, and the thread count
+using Key = std::array<int64_t, 10>;
 
 struct Cache {
   std::mutex mutex;
@@ -159,13 +168,13 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// OpenMP's count on this thread at one while alive: oneDNN sizes its work from it.
-class OneOmpThread {
+// OpenMP's count on this thread at `threads` while alive: oneDNN sizes its work from it.
+class OmpThreads {
  public:
-  OneOmpThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneOmpThread() { omp_set_num_threads(prev_); }
-  OneOmpThread(const OneOmpThread&) = delete;
-  OneOmpThread& operator=(const OneOmpThread&) = delete;
+  explicit OmpThreads(int threads) : prev_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreads() { omp_set_num_threads(prev_); }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
 
  private:
   int prev_;
@@ -179,8 +188,9 @@ int64_t bits(float f) {
 
 // The primitive for the product, or null where oneDNN has no AMX kernel for it.
 std::shared_ptr<const Entry> entry_for(int64_t m, int64_t n, int64_t k, bool a_trans, bool b_trans,
-                                       int64_t ldc, bool bias, float alpha, float beta) {
-  const Key key{m, n, k, a_trans, b_trans, ldc, bias, bits(alpha), bits(beta)};
+                                       int64_t ldc, bool bias, float alpha, float beta,
+                                       int threads) {
+  const Key key{m, n, k, a_trans, b_trans, ldc, bias, bits(alpha), bits(beta), threads};
   Cache& c = cache();
   std::lock_guard lock(c.mutex);
   if (auto it = c.entries.find(key); it != c.entries.end()) return it->second;
@@ -222,26 +232,37 @@ int64_t amx_cached_primitives() {
 
 bool gemm_bf16_amx(int64_t m, int64_t n, int64_t k, float alpha, const float* a, bool a_trans,
                    int64_t lda, const float* b, bool b_trans, int64_t ldb, float beta, float* c,
-                   int64_t ldc, const float* bias) {
+                   int64_t ldc, const float* bias, int threads) {
   if (!amx_products() || m * n * k < kAmxMinWork || (bias != nullptr && alpha != 1.0f))
     return false;
-  OneOmpThread one;
+  threads = std::max(1, threads);
+  OmpThreads omp(threads);
   const std::shared_ptr<const Entry> e =
-      entry_for(m, n, k, a_trans, b_trans, ldc, bias != nullptr, alpha, beta);
+      entry_for(m, n, k, a_trans, b_trans, ldc, bias != nullptr, alpha, beta, threads);
   if (!e) return false;
   thread_local std::vector<uint16_t> a16, b16;
   thread_local std::vector<char> scratch;
   a16.resize(static_cast<size_t>(m * k));
   b16.resize(static_cast<size_t>(k * n));
-  // A transposed is (k, m) in memory, B transposed (n, k): rounded row by row as they lie
+  // A transposed is (k, m) in memory, B transposed (n, k): rounded row by row as they lie, the
+  // rows split across the threads where the product is
+  const auto round = [&](const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+    if (threads == 1) return round_rows(src, rows, cols, ld, dst);
+    parallel_for(
+        rows,
+        [&](int64_t r0, int64_t r1) {
+          round_rows(src + r0 * ld, r1 - r0, cols, ld, dst + r0 * cols);
+        },
+        std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)));
+  };
   if (a_trans)
-    round_rows(a, k, m, lda, a16.data());
+    round(a, k, m, lda, a16.data());
   else
-    round_rows(a, m, k, lda, a16.data());
+    round(a, m, k, lda, a16.data());
   if (b_trans)
-    round_rows(b, n, k, ldb, b16.data());
+    round(b, n, k, ldb, b16.data());
   else
-    round_rows(b, k, n, ldb, b16.data());
+    round(b, k, n, ldb, b16.data());
   constexpr size_t kAlign = 64;
   scratch.resize(e->scratchpad + kAlign);
   char* pad =

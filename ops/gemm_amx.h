@@ -18,11 +18,11 @@ void set_amx_products(bool on);
 int64_t amx_cached_primitives();
 
 // gemm_bf16's product (each element of A and B rounded to bfloat16 to nearest even, products
-// and sums Float32, alpha, beta, bias as there) on AMX, on the calling thread. False, with C
+// and sums Float32, alpha, beta, bias as there) on AMX, on `threads` threads. False, with C
 // untouched, where it does not run here: AMX off, a product below kAmxMinWork multiply-adds, or
 // a shape oneDNN has no AMX kernel for; the caller then runs gemm_bf16.
 bool gemm_bf16_amx(int64_t m, int64_t n, int64_t k, float alpha, const float* a, bool a_trans,
                    int64_t lda, const float* b, bool b_trans, int64_t ldb, float beta, float* c,
-                   int64_t ldc, const float* bias = nullptr);
+                   int64_t ldc, const float* bias, int threads);
 
 }  // namespace ember::detail

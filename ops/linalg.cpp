@@ -97,10 +97,7 @@ void blas_gemm_serial(int64_t m, int64_t n, int64_t k, T alpha, const T* a, Blas
                       const T* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     if (float32_matmul_uses_bfloat16()) {
-      if (!detail::gemm_bf16_amx(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c,
-                                 ldc, bias))
-        detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc,
-                          bias);
+      detail::gemm_bf16(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc, bias);
       return;
     }
   }
@@ -125,6 +122,13 @@ void blas_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, BlasLayout 
                BlasLayout lb, T beta, T* c, int64_t ldc, const T* bias = nullptr) {
   profile::KernelTimer timer(profile::Kind::Gemm);
   const int threads = omp_in_parallel() ? 1 : get_num_threads();
+  if constexpr (std::is_same_v<T, float>) {
+    // on AMX tiles a product runs whole, on oneDNN's threads (Note [bfloat16 products on AMX])
+    if (float32_matmul_uses_bfloat16() &&
+        detail::gemm_bf16_amx(m, n, k, alpha, a, la.trans, la.ld, b, lb.trans, lb.ld, beta, c, ldc,
+                              bias, m * n * k < blas_parallel_work() ? 1 : threads))
+      return;
+  }
   if (threads == 1 || m * n * k < blas_parallel_work()) {
     blas_gemm_serial(m, n, k, alpha, a, la, b, lb, beta, c, ldc, bias);
     return;
