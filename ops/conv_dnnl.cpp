@@ -76,6 +76,7 @@
 #include "graph/parallel.h"
 #include "graph/strided.h"
 #include "graph/tensor.h"
+#include "ops/dnnl_common.h"
 #endif
 
 namespace ember::detail {
@@ -149,11 +150,6 @@ constexpr auto bf16 = memory::data_type::bf16;
 
 enum class Direction { Forward, BackwardData, BackwardWeights };
 
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
 // One operand of a primitive: the caller's layout, the primitive's, and the reorder between them
 // (from the caller's for an input, to it for an output) when they differ.
 struct Operand {
@@ -183,7 +179,7 @@ Operand operand(int arg, bool input, const memory::desc& user, const memory::des
   Operand op{arg, input, user, inner, std::nullopt};
   if (user != inner) {
     const dnnl::primitive_attr attr = user_scratchpad();
-    const auto& eng = cpu_engine();
+    const auto& eng = dnnl_cpu_engine();
     const dnnl::reorder::primitive_desc pd =
         input ? dnnl::reorder::primitive_desc(eng, user, eng, inner, attr)
               : dnnl::reorder::primitive_desc(eng, inner, eng, user, attr);
@@ -216,7 +212,7 @@ Entry make_entry(Direction dir, const ConvDesc& d, bool winograd) {
   const memory::desc any_src_f32(src_dims, f32, tag::any), any_dst_f32(dst_dims, f32, tag::any),
       any_w_f32(w_dims, f32, tag::any);
   const memory::desc bias_md = d.bias ? memory::desc({d.O}, f32, tag::x) : memory::desc();
-  const auto& eng = cpu_engine();
+  const auto& eng = dnnl_cpu_engine();
   const dnnl::primitive_attr attr = user_scratchpad();
   const auto algo =
       winograd ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
@@ -343,18 +339,6 @@ std::shared_ptr<const Entry> entry_for(Direction dir, const ConvDesc& d, int thr
   return made;
 }
 
-// OpenMP's count on this thread set to `threads` while alive (Note [Convolutions in oneDNN]).
-class OmpThreads {
- public:
-  explicit OmpThreads(int threads) : prev_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreads() { omp_set_num_threads(prev_); }
-  OmpThreads(const OmpThreads&) = delete;
-  OmpThreads& operator=(const OmpThreads&) = delete;
-
- private:
-  int prev_;
-};
-
 constexpr size_t kAlign = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -386,7 +370,7 @@ bool run(Direction dir, const ConvDesc& d, const std::vector<const void*>& buffe
     next += aligned(n);
     return p;
   };
-  const auto& eng = cpu_engine();
+  const auto& eng = dnnl_cpu_engine();
   thread_local dnnl::stream stream(eng);
   std::unordered_map<int, memory> args;
   std::vector<std::pair<const Operand*, memory> > outputs;

@@ -51,6 +51,7 @@
 
 #include "graph/parallel.h"
 #include "graph/strided.h"
+#include "ops/dnnl_common.h"
 #endif
 
 namespace ember::detail {
@@ -163,23 +164,6 @@ Cache& cache() {
 
 constexpr size_t kCacheCapacity = 1024;
 
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-// OpenMP's count on this thread at `threads` while alive: oneDNN sizes its work from it.
-class OmpThreads {
- public:
-  explicit OmpThreads(int threads) : prev_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreads() { omp_set_num_threads(prev_); }
-  OmpThreads(const OmpThreads&) = delete;
-  OmpThreads& operator=(const OmpThreads&) = delete;
-
- private:
-  int prev_;
-};
-
 int64_t bits(float f) {
   uint32_t u = 0;
   std::memcpy(&u, &f, sizeof u);
@@ -208,7 +192,7 @@ std::shared_ptr<const Entry> entry_for(int64_t m, int64_t n, int64_t k, bool a_t
     }
     const dnnl::matmul::primitive_desc pd(
         dnnl::matmul::desc(d.a, d.b, bias ? bias_desc(n) : memory::desc(), d.c), attr,
-        cpu_engine());
+        dnnl_cpu_engine());
     if (std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
       auto e = std::make_shared<Entry>();
       e->prim = dnnl::matmul(pd);
@@ -267,7 +251,7 @@ bool gemm_bf16_amx(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
   scratch.resize(e->scratchpad + kAlign);
   char* pad =
       scratch.data() + (kAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kAlign) % kAlign;
-  const auto& eng = cpu_engine();
+  const auto& eng = dnnl_cpu_engine();
   thread_local dnnl::stream stream(eng);
   const Descs d = descs(m, n, k, a_trans, b_trans, ldc);
   std::unordered_map<int, memory> args{
