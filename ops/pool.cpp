@@ -266,6 +266,36 @@ void max_pool_row(const T* plane, int64_t sH, int64_t sW, const Pool2d& g, int64
   }
 }
 
+// One output row of 2x2 stride-2 windows inside the input (a CNN's pooling): row r0 and the row
+// below it, r1, read once across, each window's taps in max_pool_row's order (r0[2o], r0[2o + 1],
+// r1[2o], r1[2o + 1]) under the same rule, so the values and indices are max_pool_row's; base is
+// the flat position of r0[0], W the plane's width. Idx: bi is wanted.
+template <class T, bool Idx>
+void max_pool_2x2_row(const T* r0, const T* r1, int64_t OW, int64_t base, int64_t W, T* m,
+                      int64_t* bi) {
+#pragma omp simd
+  for (int64_t o = 0; o < OW; ++o) {
+    const T taps[4] = {r0[2 * o], r0[2 * o + 1], r1[2 * o], r1[2 * o + 1]};
+    T best = taps[0];
+    int tap = 0;
+    for (int t = 1; t < 4; ++t) {
+      const bool take = (taps[t] > best) | (taps[t] != taps[t]);
+      best = take ? taps[t] : best;
+      tap = take ? t : tap;
+    }
+    m[o] = best;
+    if (Idx) bi[o] = base + 2 * o + (tap & 1) + (tap >> 1) * W;
+  }
+}
+
+// Whether every window of g is 2x2 with stride 2 and lies inside the input.
+bool whole_2x2_windows(const Pool2d& g) {
+  const auto two = [](const Axis& a) {
+    return a.kernel == 2 && a.stride == 2 && a.pad == 0 && a.step == 1 && 2 * a.out() <= a.in;
+  };
+  return two(g.h) && two(g.w);
+}
+
 // out, idx (N·C, OH, OW): max_pool_row over every row of every plane; idx may be null. Unit:
 // W's stride is 1.
 template <class T, bool Unit>
@@ -273,6 +303,24 @@ void max_pool_kernel(const Tensor& x4, const Pool2d& g, T* out, int64_t* idx) {
   const T* px = x4.data<T>();
   const int64_t P = x4.size(0) * x4.size(1), OH = g.h.out(), OW = g.w.out();
   const int64_t sH = x4.stride(2), sW = x4.stride(3);
+  if (Unit && whole_2x2_windows(g)) {
+    const int64_t W = g.w.in;
+    parallel_for(
+        P * OH,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const int64_t p = r / OH, oh = r % OH;
+            const T* row = plane_of(px, x4, p) + 2 * oh * sH;
+            T* o = out + r * OW;
+            if (idx)
+              max_pool_2x2_row<T, true>(row, row + sH, OW, 2 * oh * W, W, o, idx + r * OW);
+            else
+              max_pool_2x2_row<T, false>(row, row + sH, OW, 2 * oh * W, W, o, nullptr);
+          }
+        },
+        row_grain(4 * OW));
+    return;
+  }
   parallel_for(
       P,
       [&](int64_t p0, int64_t p1) {
