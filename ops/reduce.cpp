@@ -72,6 +72,24 @@ Shape scatter_strides(const Shape& in_shape, const std::vector<bool>& reduce) {
   return strides;
 }
 
+// The number of elements of x's dims from `dim` on.
+int64_t reduced_run(const Tensor& x, size_t dim) {
+  int64_t n = 1;
+  for (size_t d = dim; d < static_cast<size_t>(x.dim()); ++d) n *= x.size(d);
+  return n;
+}
+
+// v[0] + … + v[len - 1] in Acc, in eight partial sums.
+template <class T, class Acc>
+Acc run_sum(const T* v, int64_t len) {
+  Acc part[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += static_cast<Acc>(v[i + j]);
+  for (; i < len; ++i) part[0] += static_cast<Acc>(v[i]);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 // out (keepdim layout, contiguous) = sum of x over the reduced dims, accumulated in Acc.
 template <class T, class Acc>
 void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int64_t out_numel) {
@@ -121,6 +139,32 @@ void sum_kernel(const Tensor& x, const std::vector<bool>& reduce, Acc* out, int6
           }
         },
         std::max<int64_t>(32, parallel_grain() / std::max<int64_t>(rows, 1)));
+    return;
+  }
+  // Fast path: contiguous input reduced over leading and trailing dims around kept ones (a
+  // convolution's bias gradient, the sum of dY (N, C, H, W) over N, H and W): per kept index, its
+  // contiguous runs of `inner` elements, one per leading index in order, each summed in eight
+  // partial sums (a vector loop; one running sum is a chain of dependent adds), the kept indices
+  // split across threads.
+  size_t keep_end = lead_end;
+  while (keep_end < reduce.size() && !reduce[keep_end]) ++keep_end;
+  bool middle = x.is_contiguous() && lead_end > 0 && keep_end > lead_end &&
+                keep_end < reduce.size() && out_numel > 0;
+  for (size_t d = keep_end; d < reduce.size(); ++d) middle = middle && reduce[d];
+  if (middle) {
+    const int64_t n = out_numel, inner = reduced_run(x, keep_end);
+    const int64_t outer = inner == 0 ? 0 : x.numel() / (n * inner);
+    parallel_for(
+        n,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t c = begin; c < end; ++c) {
+            Acc acc = 0;
+            for (int64_t o = 0; o < outer; ++o)
+              acc += run_sum<T, Acc>(px + (o * n + c) * inner, inner);
+            out[c] = acc;
+          }
+        },
+        std::max<int64_t>(1, parallel_grain() / std::max<int64_t>(outer * inner, 1)));
     return;
   }
   StridedLoop<2> loop(x.shape(), {scatter_strides(x.shape(), reduce), x.strides()});

@@ -92,6 +92,30 @@ BOOST_AUTO_TEST_CASE(sum_over_leading_dims) {
               sum(i.transpose(0, 1).contiguous().transpose(0, 1), {0}).to_vector<int64_t>()));
 }
 
+// Sums over leading and trailing dims around kept ones (a convolution's bias gradient, over N, H
+// and W) take their own loop too: against the same sum over a copy with the kept dim first (the
+// trailing dims' loop), with runs shorter and longer than its eight partial sums, in Float32,
+// Float64 and Int64, one and two threads.
+BOOST_AUTO_TEST_CASE(sum_around_kept_dims) {
+  manual_seed(32);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Shape& shape : {Shape{5, 7, 9, 11}, Shape{3, 16, 2, 3}, Shape{128, 4, 28, 28}}) {
+      const Tensor x = randn(shape);
+      const Tensor kept_first = x.permute({1, 0, 2, 3}).contiguous();
+      expect_close(sum(x, {0, 2, 3}), kept_first.sum({1, 2, 3}), 1e-6, 1e-6,
+                   fmt::format("{}, {} threads", shape, threads));
+      const Tensor d = x.to(kFloat64);
+      expect_close(d.sum({0, -1}), d.permute({1, 2, 0, 3}).contiguous().sum({2, 3}), 1e-12, 1e-12,
+                   fmt::format("{} dims 0, -1", shape));
+    }
+    const Tensor i = randint(-50, 50, {6, 5, 37});
+    BOOST_TEST((sum(i, {0, 2}).to_vector<int64_t>() ==
+                i.permute({1, 0, 2}).contiguous().sum({1, 2}).to_vector<int64_t>()));
+  }
+  set_num_threads(0);
+}
+
 BOOST_AUTO_TEST_CASE(table_gradcheck) { check_gradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_gradgradcheck) { check_gradgradients(kReduceOps); }
 BOOST_AUTO_TEST_CASE(table_forward_ad) { check_forward_gradients(kReduceOps); }
