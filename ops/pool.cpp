@@ -355,6 +355,37 @@ void max_pool_backward_kernel(const T* gy, const int64_t* idx, T* gx, int64_t P,
       row_grain(HW + O));
 }
 
+// gx (N·C planes of H x W), written whole: gy (N·C, OH, OW) at each 2x2 window's argmax (idx, a
+// flat position in the plane), zeros at its other taps and on a last row or column no window
+// covers (an odd H or W). One pass of writes where the general backward zeroes gx first and then
+// scatters into it.
+template <class T>
+void max_pool_2x2_backward(const T* gy, const int64_t* idx, T* gx, int64_t P, int64_t H, int64_t W,
+                           int64_t OH, int64_t OW) {
+  parallel_for(
+      P * OH,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t p = r / OH, oh = r % OH, base = 2 * oh * W;
+          const T* g = gy + r * OW;
+          const int64_t* at = idx + r * OW;
+          T* top = gx + p * H * W + base;
+          T* bottom = top + W;
+#pragma omp simd
+          for (int64_t o = 0; o < OW; ++o) {
+            const int64_t tap = at[o] - base - 2 * o;  // 0, 1, W or W + 1
+            top[2 * o] = tap == 0 ? g[o] : T(0);
+            top[2 * o + 1] = tap == 1 ? g[o] : T(0);
+            bottom[2 * o] = tap == W ? g[o] : T(0);
+            bottom[2 * o + 1] = tap == W + 1 ? g[o] : T(0);
+          }
+          if (2 * OW < W) top[W - 1] = bottom[W - 1] = T(0);
+          if (oh == OH - 1 && 2 * OH < H) std::fill(bottom + W, bottom + 2 * W, T(0));
+        }
+      },
+      row_grain(4 * OW));
+}
+
 // row[b], row[b + 1], … below row[e] (elements sW apart) summed in double, in four partial sums
 // (a chain of dependent adds is what a long window would wait on).
 template <class T>
@@ -464,7 +495,11 @@ void avg_pool_adjoint_kernel(const Tensor& gy, const Pool2d& g, T* gx) {
 // y = max of each window of x4 (N, C, H, W):  dX = scatter_add(zeros (N, C, H·W [+ 1]), 2, idx,
 // dY), idx the argmax indices (H·W where a window has no tap: a slot dropped afterwards).
 struct MaxPoolBackward final : Node {
-  MaxPoolBackward(const Tensor& indices, bool slot) : slot_(slot) { save(indices_, indices); }
+  // whole_2x2: every window 2x2 of stride 2 inside the input (max_pool_2x2_backward)
+  MaxPoolBackward(const Tensor& indices, bool slot, bool whole_2x2)
+      : slot_(slot), whole_2x2_(whole_2x2) {
+    save(indices_, indices);
+  }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Shape& in = input_shapes[0];
     const Tensor& g = grads[0];
@@ -477,6 +512,14 @@ struct MaxPoolBackward final : Node {
       return {gx.reshape(in)};
     }
     const Tensor gy = g.contiguous();
+    if (whole_2x2_) {
+      Tensor gx = empty(in, g.dtype(), g.device());
+      dispatch_float(g.dtype(), op(), [&]<class T>() {
+        max_pool_2x2_backward<T>(gy.data<T>(), idx.data<int64_t>(), gx.data<T>(), N * C, in[2],
+                                 in[3], g.size(2), g.size(3));
+      });
+      return {gx};
+    }
     Tensor gx = zeros(in, g.dtype(), g.device());
     dispatch_float(g.dtype(), op(), [&]<class T>() {
       max_pool_backward_kernel<T>(gy.data<T>(), idx.data<int64_t>(), gx.data<T>(), N * C, O, HW);
@@ -494,7 +537,7 @@ struct MaxPoolBackward final : Node {
     if (slot_) planes = cat({planes, zeros({N, C, 1}, dx.dtype(), dx.device())}, 2);
     return {gather(planes, 2, indices_.get().reshape({N, C, y[2] * y[3]})).reshape(y)};
   }
-  bool slot_;
+  bool slot_, whole_2x2_;
   SavedTensor indices_;
 };
 
@@ -657,7 +700,8 @@ MaxPoolResult max_pool(const Tensor& x, int64_t n, const IntList& kernel_size,
     });
     const bool slot = g.h.any_empty() || g.w.any_empty();
     r.values = record<MaxPoolBackward>(op, r.values, {x4},
-                                       grad ? indices_for_gradient(r.indices, g) : r.indices, slot);
+                                       grad ? indices_for_gradient(r.indices, g) : r.indices, slot,
+                                       whole_2x2_windows(g));
   }
   return {p.restore(r.values), want_indices ? p.restore(r.indices) : Tensor()};
 }

@@ -211,6 +211,14 @@ BOOST_AUTO_TEST_CASE(parallel_planes_match_composed_pooling) {
         value_and_grad([](const Tensor& t) { return pooled_by_slices(t, 2, 2, 0, true); }, in, up2)
             .grad,
         1e-12, 1e-12, "max_pool2d 2x2 gradient");
+    // odd height and width: the last row and column are in no window and get no gradient
+    const Tensor odd = randn({2, 3, 5, 7}, kFloat64), up_odd = randn({2, 3, 2, 3}, kFloat64);
+    expect_close(
+        value_and_grad([](const Tensor& t) { return max_pool2d(t, {2}); }, odd, up_odd).grad,
+        value_and_grad([](const Tensor& t) { return pooled_by_slices(t, 2, 2, 0, true); }, odd,
+                       up_odd)
+            .grad,
+        0, 0, "max_pool2d 2x2 gradient, odd sizes");
     const Tensor up = randn({8, 16, 16, 15}, kFloat64);
     const auto grad_of = [&](const std::function<Tensor(const Tensor&)>& f) {
       return value_and_grad(f, in, up).grad;
