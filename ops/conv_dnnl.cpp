@@ -412,19 +412,10 @@ Key key_of(Direction dir, const ConvDesc& d, int threads, bool winograd) {
           winograd ? 1 : 0};
 }
 
-// A program that convolves ever new shapes (growing sequences, say) would keep every primitive
-// it made; past this many the cache starts again.
-constexpr size_t kCacheCapacity = 1024;
-
 // An entry is null where oneDNN could not make a bf16 or a Winograd primitive for its key (the
 // caller computes that convolution otherwise, and asks oneDNN once).
-struct Cache {
-  std::mutex mutex;
-  std::map<Key, std::shared_ptr<const Entry> > entries;
-};
-
-Cache& cache() {
-  static Cache* c = new Cache;  // never destroyed: convolutions may run during exit
+PrimitiveCache<Key, Entry>& cache() {
+  static auto* c = new PrimitiveCache<Key, Entry>;  // never destroyed: convolutions may run at exit
   return *c;
 }
 
@@ -433,21 +424,16 @@ Cache& cache() {
 // primitive it cannot make is an Error.
 std::shared_ptr<const Entry> entry_for(Direction dir, const ConvDesc& d, int threads,
                                        bool winograd) {
-  Cache& c = cache();
-  const Key key = key_of(dir, d, threads, winograd);
-  std::lock_guard lock(c.mutex);
-  auto it = c.entries.find(key);
-  if (it != c.entries.end()) return it->second;
-  if (c.entries.size() >= kCacheCapacity) c.entries.clear();
-  std::shared_ptr<const Entry> made;
-  try {
-    made = std::make_shared<const Entry>(make_entry(dir, d, winograd));
-  } catch (const dnnl::error& err) {
-    if (!d.bf16 && !winograd)
-      throw Error(fmt::format("conv: oneDNN could not make a primitive: {}", err.what()));
-  }
-  c.entries.emplace(key, made);
-  return made;
+  return cache().get(key_of(dir, d, threads, winograd), [&] {
+    std::shared_ptr<const Entry> made;
+    try {
+      made = std::make_shared<const Entry>(make_entry(dir, d, winograd));
+    } catch (const dnnl::error& err) {
+      if (!d.bf16 && !winograd)
+        throw Error(fmt::format("conv: oneDNN could not make a primitive: {}", err.what()));
+    }
+    return made;
+  });
 }
 
 constexpr size_t kAlign = 64;
@@ -605,11 +591,7 @@ bool run_winograd(Direction dir, const ConvDesc& d, const float* a, const float*
 
 }  // namespace
 
-int64_t onednn_cached_primitives() {
-  Cache& c = cache();
-  std::lock_guard lock(c.mutex);
-  return static_cast<int64_t>(c.entries.size());
-}
+int64_t onednn_cached_primitives() { return cache().size(); }
 
 bool onednn_uses_winograd(const ConvDesc& d) {
   return winograd_suits(d) && available(Direction::Forward, d, 1, true);

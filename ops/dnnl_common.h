@@ -4,6 +4,12 @@
 // EMBER_HAVE_DNNL.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -25,6 +31,35 @@ class OmpThreads {
 
  private:
   int prev_;
+};
+
+// Primitives made once and kept, by key, under one mutex: making a primitive descriptor and
+// JIT-compiling its kernel costs 0.1-10 ms. An entry may be null (oneDNN had none for the key:
+// asked once, the caller computes otherwise). A program that meets ever new shapes (growing
+// sequences, say) would keep every primitive it made; past kCapacity the cache starts again.
+template <class Key, class Entry>
+class PrimitiveCache {
+ public:
+  // The entry for key, made by make() (a shared_ptr<const Entry>, null allowed) on first use; an
+  // exception from make() leaves nothing cached.
+  template <class Make>
+  std::shared_ptr<const Entry> get(const Key& key, Make make) {
+    std::lock_guard lock(mutex_);
+    if (auto it = entries_.find(key); it != entries_.end()) return it->second;
+    if (entries_.size() >= kCapacity) entries_.clear();
+    std::shared_ptr<const Entry> made = make();
+    entries_.emplace(key, made);
+    return made;
+  }
+  int64_t size() {
+    std::lock_guard lock(mutex_);
+    return static_cast<int64_t>(entries_.size());
+  }
+
+ private:
+  static constexpr size_t kCapacity = 1024;
+  std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const Entry>> entries_;
 };
 
 }  // namespace ember::detail

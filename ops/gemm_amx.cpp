@@ -152,17 +152,10 @@ struct Entry {
 // m, n, k, the transposes, ldc, bias, alpha's and beta's bits, and the thread count
 using Key = std::array<int64_t, 10>;
 
-struct Cache {
-  std::mutex mutex;
-  std::map<Key, std::shared_ptr<const Entry> > entries;
-};
-
-Cache& cache() {
-  static Cache* c = new Cache;  // never destroyed: products may run during exit
+PrimitiveCache<Key, Entry>& cache() {
+  static auto* c = new PrimitiveCache<Key, Entry>;  // never destroyed: products may run at exit
   return *c;
 }
-
-constexpr size_t kCacheCapacity = 1024;
 
 int64_t bits(float f) {
   uint32_t u = 0;
@@ -175,44 +168,37 @@ std::shared_ptr<const Entry> entry_for(int64_t m, int64_t n, int64_t k, bool a_t
                                        int64_t ldc, bool bias, float alpha, float beta,
                                        int threads) {
   const Key key{m, n, k, a_trans, b_trans, ldc, bias, bits(alpha), bits(beta), threads};
-  Cache& c = cache();
-  std::lock_guard lock(c.mutex);
-  if (auto it = c.entries.find(key); it != c.entries.end()) return it->second;
-  if (c.entries.size() >= kCacheCapacity) c.entries.clear();
-  std::shared_ptr<const Entry> made;
-  try {
-    const Descs d = descs(m, n, k, a_trans, b_trans, ldc);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.0f && !bias) {
-      dnnl::post_ops ops;
-      ops.append_sum(beta);
-      attr.set_post_ops(ops);
+  return cache().get(key, [&] {
+    std::shared_ptr<const Entry> made;
+    try {
+      const Descs d = descs(m, n, k, a_trans, b_trans, ldc);
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (beta != 0.0f && !bias) {
+        dnnl::post_ops ops;
+        ops.append_sum(beta);
+        attr.set_post_ops(ops);
+      }
+      const dnnl::matmul::primitive_desc pd(
+          dnnl::matmul::desc(d.a, d.b, bias ? bias_desc(n) : memory::desc(), d.c), attr,
+          dnnl_cpu_engine());
+      if (std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
+        auto e = std::make_shared<Entry>();
+        e->prim = dnnl::matmul(pd);
+        e->scratchpad = pd.scratchpad_desc().get_size();
+        made = std::move(e);
+      }
+    } catch (const dnnl::error&) {
+      // no primitive: cached as missing, the product runs on gemm_bf16
     }
-    const dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(d.a, d.b, bias ? bias_desc(n) : memory::desc(), d.c), attr,
-        dnnl_cpu_engine());
-    if (std::string(pd.impl_info_str()).find("amx") != std::string::npos) {
-      auto e = std::make_shared<Entry>();
-      e->prim = dnnl::matmul(pd);
-      e->scratchpad = pd.scratchpad_desc().get_size();
-      made = std::move(e);
-    }
-  } catch (const dnnl::error&) {
-    // no primitive: cached as missing, the product runs on gemm_bf16
-  }
-  c.entries.emplace(key, made);
-  return made;
+    return made;
+  });
 }
 
 }  // namespace
 
-int64_t amx_cached_primitives() {
-  Cache& c = cache();
-  std::lock_guard lock(c.mutex);
-  return static_cast<int64_t>(c.entries.size());
-}
+int64_t amx_cached_primitives() { return cache().size(); }
 
 bool gemm_bf16_amx(int64_t m, int64_t n, int64_t k, float alpha, const float* a, bool a_trans,
                    int64_t lda, const float* b, bool b_trans, int64_t ldb, float beta, float* c,
