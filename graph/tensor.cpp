@@ -73,23 +73,32 @@ size_t rounded_bytes(size_t nbytes) {
 }
 
 // Note [Huge pages]
-// A buffer of 2 MB or more starts on a 2 MB boundary, and the whole 2 MB pages inside it are
-// advised to the kernel as huge-page memory (madvise MADV_HUGEPAGE, what Linux's transparent
-// huge pages act on in their default "madvise" mode; PyTorch's CPU allocator does the same
-// under THP_MEM_ALLOC_ENABLE). A pass over a large tensor then takes a TLB miss per 2 MB
-// instead of per 4 KB: b += 3c over 128 MB arrays ran at 34-37 GB/s on one Zen 4 core and
-// 59-67 GB/s on two, against 26-28 and 48 with 4 KB pages (a plain OpenMP loop, docs/design.md).
-// The length is not rounded up: the tail past the last whole 2 MB page stays in 4 KB pages, so a
-// buffer holds no more memory than its length (G2P's peak RSS moved 2.3-2.5 GB between runs with
-// and without the advice alike). The advice is only advice: where the kernel has no THP, nothing
-// changes.
+// A buffer of 2 MB or more starts on a 2 MB boundary, and one of kHugeAdvice or more has its whole
+// 2 MB pages advised to the kernel as huge-page memory (madvise MADV_HUGEPAGE, what Linux's
+// transparent huge pages act on in their default "madvise" mode; PyTorch's CPU allocator does the
+// same under THP_MEM_ALLOC_ENABLE). A pass over a large tensor then takes a TLB miss per 2 MB
+// instead of per 4 KB: b += 3c over 128 MB arrays ran at 34-37 GB/s on one Zen 4 core and 59-67
+// GB/s on two, against 26-28 and 48 with 4 KB pages (a plain OpenMP loop, docs/design.md); on
+// the AMX Xeon 10-13% faster from 4 MB arrays up. The length is not rounded up: the tail past the
+// last whole 2 MB page stays in 4 KB pages, so a buffer holds no more memory than its length.
+// Why not every buffer from 2 MB: a fresh huge page can cost more to fault in than its 4 KB pages.
+// On the AMX Xeon, a VM with a virtio balloon (whose free page reporting gives the host free guest
+// memory back in 2 MB blocks, which a huge page then takes), first touches ran at 1.1 GB/s on huge
+// pages against 2.9 on 4 KB ones (400 MB, alternating runs), so the
+// Fashion-MNIST CNN's first step (tensors of up to 12.8 MB, 420 MB touched) took 660-820 ms
+// against 230, while its later steps, and copy steps A and B, ran no faster on huge pages
+// (docs/design.md, "Huge pages"). From kHugeAdvice up the passes gain enough to pay for it (NW's
+// epoch at n_train = 4000, 64 MB tensors: 3% faster). The advice is only advice: where the kernel
+// has no THP, nothing changes; where THP is "always", the kernel uses huge pages for aligned
+// buffers of every size anyway.
 constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kHugeAdvice = size_t(32) << 20;
 
 void* allocate(size_t rounded) {
   void* p = nullptr;
   if (rounded < kHugePage) return std::aligned_alloc(kAlignment, rounded);
   if (posix_memalign(&p, kHugePage, rounded) != 0) return nullptr;
-  (void)madvise(p, rounded / kHugePage * kHugePage, MADV_HUGEPAGE);
+  if (rounded >= kHugeAdvice) (void)madvise(p, rounded / kHugePage * kHugePage, MADV_HUGEPAGE);
   return p;
 }
 
