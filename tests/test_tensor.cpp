@@ -28,7 +28,7 @@ BOOST_AUTO_TEST_CASE(creation) {
 }
 
 BOOST_AUTO_TEST_CASE(buffers_are_aligned) {
-  // Every buffer on 64 bytes (a cache line, an AVX-512 vector); from 2 MB on, on a 2 MB page
+  // Every buffer on 64 bytes (a cache line, an AVX-512 vector); from 2 MB on, on a 2 MB boundary
   // (Note [Huge pages]), also when it comes back from the buffer cache.
   const auto address = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data<float>()); };
   for (int64_t n : {1, 17, 1000, 524287, 524288, 1000001}) {
