@@ -647,7 +647,16 @@ struct RNNLayerBackward final : Node {
       product(dgh.transpose(0, 1), hprev, out[4]);
     }
     if (needs_grad(5)) out[5] = sum(dgi, {0});
-    if (needs_grad(6)) out[6] = sum(dgh, {0});
+    if (needs_grad(6)) {
+      // The LSTM's and RNN's dGh is dGi, and the GRU's differs from it in its n part alone
+      // (gates_backward): their sums are shared.
+      if (!out[5].defined())
+        out[6] = sum(dgh, {0});
+      else if (cell_ != Cell::GRU)
+        out[6] = out[5].clone();
+      else
+        out[6] = cat({out[5].narrow(0, 0, 2 * H), sum(dgh.narrow(1, 2 * H, H), {0})}, 0);
+    }
     return out;
   }
 
