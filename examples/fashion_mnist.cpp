@@ -137,7 +137,7 @@ struct BasicBlock : nn::Cloneable<BasicBlock> {
     }
   }
   Tensor forward(const Tensor& x) {
-    const Tensor h = relu(bn1->forward(conv1->forward(x)));
+    const Tensor h = bn1->forward_relu(conv1->forward(x));  // relu(bn1(...)) as one op
     const Tensor y = bn2->forward(conv2->forward(h));
     return relu(y + (downsample ? downsample->forward(x) : x));
   }
@@ -161,7 +161,7 @@ struct ResNet : nn::Cloneable<ResNet> {
     register_module("fc", fc, std::make_shared<nn::Linear>(64, kClasses));
   }
   Tensor forward(const Tensor& x) {
-    Tensor h = relu(bn1->forward(conv1->forward(x)));
+    Tensor h = bn1->forward_relu(conv1->forward(x));
     h = layer3->forward(layer2->forward(layer1->forward(h)));
     return fc->forward(adaptive_avg_pool2d(h, {1}).flatten(1));
   }

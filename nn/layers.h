@@ -76,6 +76,7 @@ class ReLU : public Cloneable<ReLU> {
  public:
   ReLU() = default;
   Tensor forward(const Tensor& x) const { return relu(x); }
+  static constexpr bool kIsRelu = true;  // Sequential fuses it into a module's forward_relu
 
  private:
   friend Cloneable;

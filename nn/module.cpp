@@ -384,7 +384,14 @@ const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
 
 Tensor Sequential::forward(const Tensor& x) const {
   Tensor y = x;
-  for (size_t i = 0; i < size(); ++i) y = calls_[i](*named_children()[i].second, y);
+  const size_t n = size();
+  for (size_t i = 0; i < n; ++i) {
+    Module& module = *named_children()[i].second;
+    if (calls_[i].with_relu && i + 1 < n && calls_[i + 1].is_relu)
+      y = calls_[i++].with_relu(module, y);  // the ReLU at i + 1 runs inside
+    else
+      y = calls_[i].forward(module, y);
+  }
   return y;
 }
 

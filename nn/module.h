@@ -221,7 +221,10 @@ class ModuleList : public Cloneable<ModuleList> {
   ModuleList(const ModuleList&) = default;
 };
 
-// Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential.
+// Modules of one input applied in order; names "0", "1", ... as torch.nn.Sequential. A module
+// with forward_relu(x) (relu(forward(x)) as one op: BatchNorm1d, BatchNorm2d) followed by a
+// module marked kIsRelu (ReLU) runs as that one call, the same values and gradients with fewer
+// passes over the activations (ops/norm.h, batch_norm_relu).
 class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() = default;
@@ -233,9 +236,15 @@ class Sequential : public Cloneable<Sequential> {
   template <class M>
   void push_back(std::shared_ptr<M> m) {
     EMBER_CHECK(m != nullptr, "Sequential: cannot add a null module at {}", size());
-    calls_.push_back(+[](Module& module, const Tensor& x) -> Tensor {
-      return static_cast<M&>(module).forward(x);
-    });
+    Calls calls{+[](Module& module, const Tensor& x) -> Tensor {
+                  return static_cast<M&>(module).forward(x);
+                },
+                nullptr, kReluModule<M>};
+    if constexpr (kHasForwardRelu<M>)
+      calls.with_relu = +[](Module& module, const Tensor& x) -> Tensor {
+        return static_cast<M&>(module).forward_relu(x);
+      };
+    calls_.push_back(calls);
     register_module(std::to_string(size()), std::move(m));
   }
   const std::shared_ptr<Module>& operator[](size_t i) const;
@@ -248,7 +257,22 @@ class Sequential : public Cloneable<Sequential> {
   friend Cloneable;  // the only copier; see Note [Modules are not copyable]
   Sequential(const Sequential&) = default;
 
-  std::vector<Tensor (*)(Module&, const Tensor&)> calls_;  // module i's forward, typed
+  template <class M>
+  static constexpr bool kReluModule = requires {
+    M::kIsRelu;
+  };
+  template <class M>
+  static constexpr bool kHasForwardRelu = requires(M& m, const Tensor& x) {
+    m.forward_relu(x);
+  };
+
+  using Call = Tensor (*)(Module&, const Tensor&);
+  struct Calls {
+    Call forward;    // module i's forward, typed
+    Call with_relu;  // its forward_relu, or null
+    bool is_relu;
+  };
+  std::vector<Calls> calls_;
 };
 
 // torch.func.functional_call: fn() run with the parameters and buffers named in `tensors` (the

@@ -35,6 +35,16 @@ BatchNormBase<D>::BatchNormBase(int64_t num_features, double eps, double momentu
 // statistics are tracked); the running ones are updated only when tracked.
 template <class D>
 Tensor BatchNormBase<D>::forward(const Tensor& x) {
+  return run(x, false);
+}
+
+template <class D>
+Tensor BatchNormBase<D>::forward_relu(const Tensor& x) {
+  return run(x, true);
+}
+
+template <class D>
+Tensor BatchNormBase<D>::run(const Tensor& x, bool relu) {
   D::check_input(x);
   const bool training = this->is_training();
   if (training && track_running_stats) {
@@ -43,9 +53,10 @@ Tensor BatchNormBase<D>::forward(const Tensor& x) {
   }
   const bool batch_stats = training || !running_mean.defined();
   const bool pass_running = !training || track_running_stats;
-  return batch_norm(x, pass_running ? running_mean : Tensor(),
-                    pass_running ? running_var : Tensor(), weight, bias, batch_stats, momentum,
-                    eps);
+  const Tensor rm = pass_running ? running_mean : Tensor();
+  const Tensor rv = pass_running ? running_var : Tensor();
+  return relu ? batch_norm_relu(x, rm, rv, weight, bias, batch_stats, momentum, eps)
+              : batch_norm(x, rm, rv, weight, bias, batch_stats, momentum, eps);
 }
 
 template class BatchNormBase<BatchNorm1d>;

@@ -22,6 +22,9 @@ template <class D>
 class BatchNormBase : public Cloneable<D> {
  public:
   Tensor forward(const Tensor& x);
+  // relu(forward(x)) as one op (batch_norm_relu): what nn::Sequential calls for this module
+  // followed by a ReLU.
+  Tensor forward_relu(const Tensor& x);
 
   int64_t num_features;
   double eps, momentum;
@@ -33,6 +36,9 @@ class BatchNormBase : public Cloneable<D> {
   BatchNormBase(int64_t num_features, double eps, double momentum, bool affine,
                 bool track_running_stats);
   BatchNormBase(const BatchNormBase&) = default;
+
+ private:
+  Tensor run(const Tensor& x, bool relu);  // forward, or forward_relu with relu
 };
 
 }  // namespace detail

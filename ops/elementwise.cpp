@@ -762,11 +762,13 @@ Tensor relu(const Tensor& x) {
       x, "relu", {kn::Op::Relu}, Saves::Output,
       [](auto v) { return !(v <= 0) ? v : decltype(v)(0); },
       [](auto g, auto y) { return !(y <= 0) ? g : decltype(g)(0); },
-      [](const Tensor& g, const Tensor& y) {  // torch's threshold_backward: y gets no gradient
-        return derivative_op(
-            "threshold_backward", kn::Op::ThresholdBackward, g, y,
-            [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, std::nullopt);
-      });
+      [](const Tensor& g, const Tensor& y) { return threshold_backward(g, y); });
+}
+
+Tensor threshold_backward(const Tensor& g, const Tensor& y) {  // y gets no gradient
+  return derivative_op(
+      "threshold_backward", kn::Op::ThresholdBackward, g, y,
+      [](auto a, auto v) { return !(v <= 0) ? a : decltype(a)(0); }, std::nullopt);
 }
 
 // y = |x|:  dX = dY sign(x)

@@ -38,4 +38,9 @@ Tensor operator!(const Tensor& mask);
 Tensor operator&(const Tensor& a, const Tensor& b);
 Tensor operator|(const Tensor& a, const Tensor& b);
 
+// relu's backward as one op, torch's threshold_backward(g, y, 0): g where y is not <= 0 (NaN
+// passes), else 0, y relu's output; differentiable in g (y gets no gradient). For fused ops
+// that end in a relu (batch_norm_relu).
+Tensor threshold_backward(const Tensor& g, const Tensor& y);
+
 }  // namespace ember

@@ -9,6 +9,18 @@
 // the derivative through the statistics (the running statistics are not differentiated).
 #include "ops/norm.h"
 
+// Note [Fused batch_norm and relu]
+// batch_norm_relu(x) is relu(batch_norm(x)) with the same values and gradients, for the pair every
+// CNN layer repeats. In training on the CPU the forward kernel writes relu(x · alpha + beta)
+// directly, so the normalised values are never stored and read back by a separate relu, and the
+// backward kernel needs no relu backward before it: it reads the same g (the relu's output's
+// gradient) and x as batch_norm's backward does, and recomputes the relu's mask as it goes, from
+// x and the alpha and beta the forward saved, by the same expression (affine_value, masked_grad),
+// so the mask is the forward's bit for bit. Per pair that moves two activation-sized tensors fewer
+// forward (the relu's read and write) and three fewer backward (its read of g and y, its write).
+// Under create_graph, on a device, in eval and forward mode, it is batch_norm's formulas in ops
+// followed by relu's (threshold_backward), so it differentiates again as the pair does.
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -114,19 +126,37 @@ Moments moments(const T* x, int64_t runs, int64_t step, int64_t len) {
   return {static_cast<double>(m) + c, std::max(s2 / M - c * c, 0.0)};
 }
 
-// y = x · alpha + beta over n contiguous elements.
-template <class T>
+// x · alpha + beta, then with Relu the relu of it as relu's kernel (NaN stays NaN). The fused
+// backward recomputes it by this same expression from the same alpha and beta, so that its mask
+// is the forward's (Note [Fused batch_norm and relu]).
+template <bool Relu, class T>
+inline T affine_value(T x, T alpha, T beta) {
+  const T v = x * alpha + beta;
+  if constexpr (Relu) return !(v <= 0) ? v : T(0);
+  return v;
+}
+
+// g where the relu of x · alpha + beta passes it (not <= 0), else 0; g itself without Relu.
+template <bool Relu, class T>
+inline T masked_grad(T g, T x, T alpha, T beta) {
+  if constexpr (Relu) return !(x * alpha + beta <= 0) ? g : T(0);
+  return g;
+}
+
+// y = x · alpha + beta over n contiguous elements (its relu with Relu).
+template <bool Relu = false, class T>
 void affine_run(const T* x, T* y, int64_t n, T alpha, T beta) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * alpha + beta;
+  for (int64_t i = 0; i < n; ++i) y[i] = affine_value<Relu>(x[i], alpha, beta);
 }
 
 // batch_norm_forward (below) for S = 1, x (N, C) with a channel a column: the same sums in
 // double, taken along the rows for a block of channels [c0, c1) at a time, so that the inner
 // loops run over contiguous channels.
-template <class T>
+template <bool Relu, class T>
 void batch_norm_forward_columns(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
-                                double* mean_d, double* var, int64_t N, int64_t C, double eps) {
+                                T* alpha_out, T* beta_out, double* mean_d, double* var, int64_t N,
+                                int64_t C, double eps) {
   parallel_for(
       C,
       [&](int64_t c0, int64_t c1) {
@@ -156,21 +186,23 @@ void batch_norm_forward_columns(const T* x, const T* weight, const T* bias, T* y
           mean_d[c0 + c] = static_cast<double>(m[c]) + k, var[c0 + c] = v;
           alpha[c] = weight ? rs * weight[c0 + c] : rs;
           beta[c] = (bias ? bias[c0 + c] : T(0)) - mu * alpha[c];
+          if (alpha_out) alpha_out[c0 + c] = alpha[c], beta_out[c0 + c] = beta[c];
         }
         for (int64_t n = 0; n < N; ++n) {
           const T* xr = x + n * C + c0;
           T* yr = y + n * C + c0;
 #pragma omp simd
-          for (int64_t c = 0; c < w; ++c) yr[c] = xr[c] * alpha[c] + beta[c];
+          for (int64_t c = 0; c < w; ++c) yr[c] = affine_value<Relu>(xr[c], alpha[c], beta[c]);
         }
       },
       row_grain(3 * N, costly_grain()));
 }
 
 // batch_norm_backward (below) for S = 1, by blocks of channels as batch_norm_forward_columns.
-template <class T>
+template <bool Relu, class T>
 void batch_norm_backward_columns(const T* g, const T* x, const T* weight, const T* mean,
-                                 const T* rstd, T* dx, T* dweight, T* dbias, int64_t N, int64_t C) {
+                                 const T* rstd, const T* alpha, const T* beta, T* dx, T* dweight,
+                                 T* dbias, int64_t N, int64_t C) {
   const T inv_m = T(1) / static_cast<T>(N);
   parallel_for(
       C,
@@ -178,12 +210,14 @@ void batch_norm_backward_columns(const T* g, const T* x, const T* weight, const 
         const int64_t w = c1 - c0;
         std::vector<double> sg(w, 0.0), sgx(w, 0.0);
         const T *mu = mean + c0, *rs = rstd + c0;
+        const T *al = Relu ? alpha + c0 : nullptr, *be = Relu ? beta + c0 : nullptr;
         for (int64_t n = 0; n < N; ++n) {
           const T *gr = g + n * C + c0, *xr = x + n * C + c0;
 #pragma omp simd
           for (int64_t c = 0; c < w; ++c) {
-            sg[c] += static_cast<double>(gr[c]);
-            sgx[c] += static_cast<double>(gr[c] * (xr[c] - mu[c]));
+            const T gc = Relu ? masked_grad<Relu>(gr[c], xr[c], al[c], be[c]) : gr[c];
+            sg[c] += static_cast<double>(gc);
+            sgx[c] += static_cast<double>(gc * (xr[c] - mu[c]));
           }
         }
         for (int64_t c = 0; c < w; ++c) {
@@ -201,7 +235,10 @@ void batch_norm_backward_columns(const T* g, const T* x, const T* weight, const 
           const T *gr = g + n * C + c0, *xr = x + n * C + c0;
           T* dxr = dx + n * C + c0;
 #pragma omp simd
-          for (int64_t c = 0; c < w; ++c) dxr[c] = (gr[c] - k1[c] - (xr[c] - mu[c]) * k2[c]) * f[c];
+          for (int64_t c = 0; c < w; ++c) {
+            const T gc = Relu ? masked_grad<Relu>(gr[c], xr[c], al[c], be[c]) : gr[c];
+            dxr[c] = (gc - k1[c] - (xr[c] - mu[c]) * k2[c]) * f[c];
+          }
         }
       },
       row_grain(3 * N, costly_grain()));
@@ -211,12 +248,17 @@ void batch_norm_backward_columns(const T* g, const T* x, const T* weight, const 
 // mean and var (biased; both also in double, mean_d and var, for the running update) and rstd = 1 /
 // sqrt(var + eps), then
 //   y = x · alpha + beta,  alpha = rstd · weight[c],  beta = bias[c] - mean · alpha
-template <class T>
+//
+// With Relu, y is relu of that, and alpha_out, beta_out (C) receive alpha and beta for the fused
+// backward (both may be null otherwise).
+template <bool Relu = false, class T>
 void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mean, T* rstd,
-                        double* mean_d, double* var, Channels ch, double eps) {
+                        T* alpha_out, T* beta_out, double* mean_d, double* var, Channels ch,
+                        double eps) {
   const int64_t N = ch.N, C = ch.C, S = ch.S;
   if (S == 1)
-    return batch_norm_forward_columns(x, weight, bias, y, mean, rstd, mean_d, var, N, C, eps);
+    return batch_norm_forward_columns<Relu>(x, weight, bias, y, mean, rstd, alpha_out, beta_out,
+                                            mean_d, var, N, C, eps);
   parallel_for(
       C,
       [&](int64_t begin, int64_t end) {
@@ -226,8 +268,9 @@ void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
           mean[c] = mu, rstd[c] = rs, mean_d[c] = mo.mean, var[c] = mo.var;
           const T alpha = weight ? rs * weight[c] : rs;
           const T beta = (bias ? bias[c] : T(0)) - mu * alpha;
+          if (alpha_out) alpha_out[c] = alpha, beta_out[c] = beta;
           for (int64_t n = 0; n < N; ++n)
-            affine_run(x + (n * C + c) * S, y + (n * C + c) * S, S, alpha, beta);
+            affine_run<Relu>(x + (n * C + c) * S, y + (n * C + c) * S, S, alpha, beta);
         }
       },
       row_grain(N * S, costly_grain()));
@@ -236,25 +279,31 @@ void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
 // Backward of the forward above, g (N, C, S) contiguous; dx, dweight, dbias may be null. Per
 // channel, with M = N S, xhat = (x - mean) rstd and sums over the channel's N runs:
 //   dX = weight rstd (g - Σg / M - xhat Σ(g xhat) / M),  dW = Σ g xhat,  dB = Σ g
-// One pass for Σg and Σg (x - mean), one for dX.
-template <class T>
+// One pass for Σg and Σg (x - mean), one for dX. With Relu, g is the gradient of the forward's
+// relu, masked where x · alpha + beta (alpha, beta (C) the forward's) is <= 0 on the fly.
+template <bool Relu = false, class T>
 void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
-                         T* dx, T* dweight, T* dbias, Channels ch) {
+                         const T* alpha, const T* beta, T* dx, T* dweight, T* dbias, Channels ch) {
   const int64_t N = ch.N, C = ch.C, S = ch.S;
   if (S == 1)
-    return batch_norm_backward_columns(g, x, weight, mean, rstd, dx, dweight, dbias, N, C);
+    return batch_norm_backward_columns<Relu>(g, x, weight, mean, rstd, alpha, beta, dx, dweight,
+                                             dbias, N, C);
   const T inv_m = T(1) / static_cast<T>(N * S);
   parallel_for(
       C,
       [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           const T mu = mean[c], rs = rstd[c];
+          const T al = Relu ? alpha[c] : T(0), be = Relu ? beta[c] : T(0);
           double sg = 0, sgx = 0;
           for (int64_t n = 0; n < N; ++n) {
             const T *gr = g + (n * C + c) * S, *xr = x + (n * C + c) * S;
             run_sums<T>(
-                S, [gr](int64_t i) { return gr[i]; },
-                [gr, xr, mu](int64_t i) { return gr[i] * (xr[i] - mu); }, sg, sgx);
+                S, [gr, xr, al, be](int64_t i) { return masked_grad<Relu>(gr[i], xr[i], al, be); },
+                [gr, xr, mu, al, be](int64_t i) {
+                  return masked_grad<Relu>(gr[i], xr[i], al, be) * (xr[i] - mu);
+                },
+                sg, sgx);
           }
           if (dweight) dweight[c] = static_cast<T>(sgx * rs);
           if (dbias) dbias[c] = static_cast<T>(sg);
@@ -266,7 +315,8 @@ void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
             const T *gr = g + at, *xr = x + at;
             T* dxr = dx + at;
 #pragma omp simd
-            for (int64_t s = 0; s < S; ++s) dxr[s] = (gr[s] - k1 - (xr[s] - mu) * k2) * f;
+            for (int64_t s = 0; s < S; ++s)
+              dxr[s] = (masked_grad<Relu>(gr[s], xr[s], al, be) - k1 - (xr[s] - mu) * k2) * f;
           }
         }
       },
@@ -435,49 +485,63 @@ Tensor normalised_tangent(const Tensor& x, const Tensor& xg, const Tensor& dxg, 
   return fwd::broadcast_tangent(d, x.shape());
 }
 
-// batch_norm in training (see batch_norm_backward for the derivative). Saves x and weight (the
-// op's inputs, for the backward in ops) and the kernel's data: contiguous x and weight, mean,
-// rstd.
+// batch_norm in training (see batch_norm_backward for the derivative), and batch_norm_relu's
+// (Note [Fused batch_norm and relu]) when `out`, the relu's output, is defined. Saves x and
+// weight (the op's inputs, for the backward in ops), the kernel's data: contiguous x and weight,
+// and stats (2, C): mean and rstd, or with the relu (4, C): also the forward's alpha and beta;
+// and with the relu its output.
 struct BatchNormBackward final : Node {
   BatchNormBackward(const Tensor& x, const Tensor& weight, const Tensor& xc, const Tensor& wc,
-                    const Tensor& mean, const Tensor& rstd, double eps)
-      : eps_(eps) {
-    save(x_, x), save(weight_, weight), save(xc_, xc), save(wc_, wc);
-    save(mean_, mean), save(rstd_, rstd);
+                    const Tensor& stats, double eps, const Tensor& out = {})
+      : eps_(eps), relu_(out.defined()) {
+    save(x_, x), save(weight_, weight), save(xc_, xc), save(wc_, wc), save(stats_, stats);
+    if (relu_) save_output(out_, out);
   }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor& g = grads[0];
     const Tensor& x = xc_.get();
     if (x.numel() == 0) return empty_input_grads(*this, x);
-    if (is_grad_enabled() || !g.device().is_cpu()) {
+    if (is_grad_enabled() || !grads[0].device().is_cpu()) {
+      const Tensor g = relu_ ? threshold_backward(grads[0], out_.get()) : grads[0];
       std::vector<Tensor> out = batch_norm_backward_in_ops(g, x_.get(), weight_.get(), eps_);
       for (size_t i = 0; i < 3; ++i)
         if (!needs_grad(i)) out[i] = Tensor();
       return out;
     }
-    const Tensor gc = g.contiguous();
+    const Tensor gc = grads[0].contiguous();
+    const Tensor stats = stats_.get();
     Tensor dx, dw, db;
     if (needs_grad(0)) dx = empty(x.shape(), x.dtype(), x.device());
     if (needs_grad(1)) dw = empty(input_shapes[1], x.dtype(), x.device());
     if (needs_grad(2)) db = empty(input_shapes[2], x.dtype(), x.device());
     dispatch_float(x.dtype(), op(), [&]<class T>() {
-      batch_norm_backward<T>(gc.data<T>(), x.data<T>(), data_or_null<T>(wc_.get()),
-                             mean_.get().data<T>(), rstd_.get().data<T>(), data_or_null<T>(dx),
-                             data_or_null<T>(dw), data_or_null<T>(db), channels_of(x));
+      const T* st = stats.data<T>();
+      const int64_t C = stats.size(1);
+      const auto run = [&]<bool Relu>() {
+        batch_norm_backward<Relu, T>(gc.data<T>(), x.data<T>(), data_or_null<T>(wc_.get()), st,
+                                     st + C, Relu ? st + 2 * C : nullptr,
+                                     Relu ? st + 3 * C : nullptr, data_or_null<T>(dx),
+                                     data_or_null<T>(dw), data_or_null<T>(db), channels_of(x));
+      };
+      relu_ ? run.template operator()<true>() : run.template operator()<false>();
     });
     return {dx, dw, db};
   }
   bool differentiable_backward() const override { return true; }
-  // Forward: through the batch statistics (normalised_tangent over every dim but C)
+  // Forward: through the batch statistics (normalised_tangent over every dim but C), then the
+  // relu's derivative where there is one
   std::vector<Tensor> jvp(const std::vector<Tensor>& in, const std::vector<Tensor>& t,
-                          const std::vector<Tensor>&) override {
+                          const std::vector<Tensor>& out) override {
     const Tensor& x = in[0];
     if (x.numel() == 0) return {Tensor()};
-    return {normalised_tangent(x, x, t[0], in[1], t[1], t[2], non_channel_dims(x.dim()), eps_)};
+    Tensor d = normalised_tangent(x, x, t[0], in[1], t[1], t[2], non_channel_dims(x.dim()), eps_);
+    if (relu_ && d.defined()) d = threshold_backward(d, out[0]);
+    return {d};
   }
   double eps_;
-  SavedTensor x_, weight_;             // the op's inputs
-  SavedTensor xc_, wc_, mean_, rstd_;  // the kernel's data
+  bool relu_;
+  SavedTensor x_, weight_;       // the op's inputs
+  SavedTensor xc_, wc_, stats_;  // the kernel's data
+  SavedTensor out_;              // the relu's output (batch_norm_relu)
 };
 
 // group_norm (see group_norm_backward for the derivative); saves as BatchNormBackward.
@@ -639,11 +703,13 @@ Tensor batch_norm_train_in_ops(const Tensor& x, const Tensor& running_mean,
 
 }  // namespace
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                  double eps) {
-  constexpr std::string_view op = "batch_norm";
-  profile::Scope scope(op);
+namespace {
+
+// batch_norm, or with relu batch_norm_relu: the checks, then the fused kernels in training on
+// the CPU; otherwise ops (and the relu after them).
+Tensor batch_norm_or_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                          const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                          double eps, bool relu, std::string_view op) {
   check_norm_input(x, op);
   check_per_channel(x, running_mean, "running_mean", op);
   check_per_channel(x, running_var, "running_var", op);
@@ -651,6 +717,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   check_per_channel(x, bias, "bias", op);
   EMBER_CHECK(eps >= 0, "{}: eps must be non-negative, got {}", op, eps);
   const Channels ch = channels_of(x);
+  const auto finish = [relu](const Tensor& y) { return relu ? ember::relu(y) : y; };
   if (!training) {
     EMBER_CHECK(running_mean.defined() && running_var.defined(),
                 "{}: running_mean and running_var must be defined in eval mode (training = "
@@ -662,29 +729,58 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     const Tensor alpha = weight.defined() ? mul(weight, rstd) : rstd;
     const Tensor shift = mul(running_mean, alpha);
     const Tensor beta = bias.defined() ? sub(bias, shift) : neg(shift);
-    return channel_affine(x, alpha, beta, op);
+    return finish(channel_affine(x, alpha, beta, op));
   }
   EMBER_CHECK(ch.N * ch.S != 1,
               "{}: expected more than 1 value per channel when training, got input of shape {}", op,
               x.shape());
   const int64_t M = ch.N * ch.S;
   if (!x.device().is_cpu() && x.numel() > 0)
-    return batch_norm_train_in_ops(x, running_mean, running_var, weight, bias, momentum, eps);
+    return finish(
+        batch_norm_train_in_ops(x, running_mean, running_var, weight, bias, momentum, eps));
 
   const Tensor xc = contiguous_data(x), w = contiguous_data(weight), b = contiguous_data(bias);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  const Tensor stats = empty({2, ch.C}, x.dtype(), x.device());
-  const Tensor mean = stats.select(0, 0), rstd = stats.select(0, 1);
+  // mean, rstd; with the relu also alpha and beta, which its backward recomputes the mask from
+  const Tensor stats = empty({relu ? 4 : 2, ch.C}, x.dtype(), x.device());
   if (x.numel() > 0) {
     std::vector<double> mean_d(static_cast<size_t>(ch.C)), var(static_cast<size_t>(ch.C));
     dispatch_float(x.dtype(), op, [&]<class T>() {
-      batch_norm_forward<T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b), out.data<T>(),
-                            mean.data<T>(), rstd.data<T>(), mean_d.data(), var.data(), ch, eps);
+      T* st = stats.data<T>();
+      const int64_t C = ch.C;
+      const auto run = [&]<bool Relu>() {
+        batch_norm_forward<Relu, T>(xc.data<T>(), data_or_null<T>(w), data_or_null<T>(b),
+                                    out.data<T>(), st, st + C, Relu ? st + 2 * C : nullptr,
+                                    Relu ? st + 3 * C : nullptr, mean_d.data(), var.data(), ch,
+                                    eps);
+      };
+      relu ? run.template operator()<true>() : run.template operator()<false>();
     });
     if (running_mean.defined() || running_var.defined())
       update_running(running_mean, running_var, mean_d, var, M, momentum);
   }
-  return record<BatchNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, mean, rstd, eps);
+  return record<BatchNormBackward>(op, out, {x, weight, bias}, x, weight, xc, w, stats, eps,
+                                   relu ? out : Tensor());
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  constexpr std::string_view op = "batch_norm";
+  profile::Scope scope(op);
+  return batch_norm_or_relu(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                            false, op);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                       double eps) {
+  constexpr std::string_view op = "batch_norm_relu";
+  profile::Scope scope(op);
+  return batch_norm_or_relu(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                            true, op);
 }
 
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,

@@ -59,6 +59,21 @@ const OpTable kNormOps = {
      "(q := (a.detach() - b[:, None, None]) * (c[:, None, None] + 1e-3).rsqrt()) - q.detach()",
      {{2, 3, 2, 2}, {3}, {3}}, {Real, Real, Positive},
      [](auto& v) { return batch_norm(v[0], v[1], v[2], {}, {}, false, 0.1, 1e-3); }, kOptionalInputs | kEdgeDiffers},
+    // batch_norm_relu: relu(batch_norm(…)) in one op, fused in training on the CPU
+    {"batch_norm_relu train 2-D", "F.relu(F.batch_norm(a, None, None, b, c, True))",
+     {{5, 3}, {3}, {3}}, {},
+     [](auto& v) { return batch_norm_relu(v[0], {}, {}, v[1], v[2], true); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm_relu train 4-D", "F.relu(F.batch_norm(a, None, None, b, c, True))",
+     {{2, 3, 2, 3}, {3}, {3}}, {},
+     [](auto& v) { return batch_norm_relu(v[0], {}, {}, v[1], v[2], true); }, kOptionalInputs | kEdgeDiffers},
+    {"batch_norm_relu train 3-D no affine eps", "F.relu(F.batch_norm(a, None, None, training=True, eps=1e-3))",
+     {{3, 2, 5}}, {},
+     [](auto& v) { return batch_norm_relu(v[0], {}, {}, {}, {}, true, 0.1, 1e-3); }},
+    {"batch_norm_relu eval 4-D",
+     "F.relu(F.batch_norm(a, b.detach(), c.detach(), d, e) + "
+     "(q := (a.detach() - b[:, None, None]) * (c[:, None, None] + 1e-5).rsqrt() * d.detach()[:, None, None]) - q.detach())",
+     {{2, 3, 2, 2}, {3}, {3}, {3}, {3}}, {Real, Real, Positive},
+     [](auto& v) { return batch_norm_relu(v[0], v[1], v[2], v[3], v[4]); }, kOptionalInputs | kEdgeDiffers},
     // group_norm
     {"group_norm 3-D 2 groups", "F.group_norm(a, 2, b, c)", {{2, 4, 3}, {4}, {4}}, {},
      [](auto& v) { return group_norm(v[0], 2, v[1], v[2]); }, kOptionalInputs | kEdgeDiffers},
@@ -303,6 +318,81 @@ BOOST_AUTO_TEST_CASE(norm_kernels_match_ops_above_the_grain) {
                batch_norm(far2, {}, {}, {}, {}, true), 0, 2e-3, "batch_norm 2-D Float32 far");
 }
 
+// batch_norm_relu's fused kernels (Note [Fused batch_norm and relu]) against relu(batch_norm)
+// above the grain, on both kernel paths, in Float32 and Float64: the same values and running
+// statistics, bit for bit, and the same gradients (the mask recomputed in the backward is the
+// forward's; a NaN passes its gradient as relu's does); under create_graph and in forward mode
+// the same as the pair too.
+BOOST_AUTO_TEST_CASE(batch_norm_relu_matches_the_pair) {
+  manual_seed(12);
+  for (const DType dt : {kFloat32, kFloat64}) {
+    for (const Shape& shape : {Shape{16, 8, 24, 24}, Shape{700, 40}, Shape{5, 3, 7}}) {
+      const int64_t C = shape[1];
+      Tensor x0 = randn(shape, dt) * 2 + 0.3;
+      if (shape.size() == 3) x0.view({-1}).narrow(0, 4, 1).fill_(std::nan(""));
+      const Tensor x = x0.requires_grad_();
+      const Tensor w = randn({C}, dt).requires_grad_(), b = randn({C}, dt).requires_grad_();
+      const Tensor up = randn(shape, dt);
+      Tensor rm1 = zeros({C}, dt), rv1 = ones({C}, dt), rm2 = zeros({C}, dt), rv2 = ones({C}, dt);
+      const Tensor fused = batch_norm_relu(x, rm1, rv1, w, b, true, 0.2);
+      const Tensor pair = relu(batch_norm(x, rm2, rv2, w, b, true, 0.2));
+      const std::string what = fmt::format("{} {}", dt, shape);
+      BOOST_TEST(fused.grad_fn()->op() == "batch_norm_relu");
+      expect_close(fused, pair, 0, 0, what + " forward");
+      expect_close(rm1, rm2, 0, 0, what + " running_mean");
+      expect_close(rv1, rv2, 0, 0, what + " running_var");
+      const auto g1 = autograd::grad({fused}, {x, w, b}, {up});
+      const auto g2 = autograd::grad({pair}, {x, w, b}, {up});
+      const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+      for (size_t i = 0; i < 3; ++i)
+        expect_close(g1[i], g2[i], tol, tol, fmt::format("{} gradient {}", what, i));
+    }
+  }
+  // create_graph: the backward in ops, differentiable again (gradgradcheck in the table)
+  const Tensor x = (randn({4, 3, 5, 5}, kFloat64) + 0.2).requires_grad_();
+  const Tensor w = randn({3}, kFloat64).requires_grad_(), b = randn({3}, kFloat64).requires_grad_();
+  const auto fused = [&] { return batch_norm_relu(x, {}, {}, w, b, true); };
+  const auto pair = [&] { return relu(batch_norm(x, {}, {}, w, b, true)); };
+  const Tensor up = randn({4, 3, 5, 5}, kFloat64);
+  const auto h1 = autograd::grad({fused()}, {x, w, b}, {up}, std::nullopt, true);
+  const auto h2 = autograd::grad({pair()}, {x, w, b}, {up}, std::nullopt, true);
+  for (size_t i = 0; i < 3; ++i) {
+    BOOST_TEST(h1[i].requires_grad());
+    expect_close(h1[i], h2[i], 1e-12, 1e-12, fmt::format("create_graph gradient {}", i));
+  }
+  // eval: the running statistics, relu after the affine map
+  const Tensor rm = randn({3}, kFloat64), rv = rand({3}, kFloat64) + 0.5;
+  expect_close(batch_norm_relu(x, rm, rv, w, b), relu(batch_norm(x, rm, rv, w, b)), 0, 0, "eval");
+}
+
+// Sequential runs a BatchNorm followed by a ReLU as batch_norm_relu, with the pair's values and
+// gradients and the module's bookkeeping (num_batches_tracked); a ReLU after anything else, or
+// a BatchNorm followed by something else, runs as before.
+BOOST_AUTO_TEST_CASE(sequential_fuses_batch_norm_and_relu) {
+  manual_seed(13);
+  auto bn = std::make_shared<nn::BatchNorm2d>(3);
+  auto relu_module = std::make_shared<nn::ReLU>();
+  nn::Sequential seq(bn, relu_module);
+  const Tensor x = (randn({4, 3, 5, 5}) + 0.2).requires_grad_();
+  const Tensor y = seq(x);
+  BOOST_TEST(y.grad_fn()->op() == "batch_norm_relu");
+  BOOST_TEST(bn->num_batches_tracked.item<int64_t>() == 1);
+  nn::BatchNorm2d twin(3);
+  const Tensor z = relu(twin(x));
+  expect_close(y, z, 0, 0, "Sequential(BatchNorm2d, ReLU)");
+  expect_close(bn->running_var, twin.running_var, 0, 0, "running_var");
+  const Tensor up = randn({4, 3, 5, 5});
+  const auto gy = autograd::grad({y}, {x, bn->weight, bn->bias}, {up});
+  const auto gz = autograd::grad({z}, {x, twin.weight, twin.bias}, {up});
+  for (size_t i = 0; i < 3; ++i) expect_close(gy[i], gz[i], 1e-5, 1e-6, "Sequential gradient");
+  // eval: fused call, the running statistics
+  seq.eval(), twin.eval();
+  expect_close(seq(x), relu(twin(x)), 0, 0, "Sequential in eval");
+  // not a pair: a ReLU first, a BatchNorm last
+  nn::Sequential other(std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm1d>(3));
+  BOOST_TEST(other(randn({4, 3})).grad_fn()->op() == "batch_norm");
+}
+
 // pad and interpolate above the parallel grain, and a large pad's backward, against the ops
 // they compose on a device (index_select), on the CPU.
 BOOST_AUTO_TEST_CASE(resample_large_inputs) {
@@ -464,6 +554,16 @@ BOOST_AUTO_TEST_CASE(norm_errors) {
   expect_error([&] { batch_norm(x, c3, c3, zeros({3}, kFloat64)); },
                {"batch_norm", "weight", "Float64", "Float32"});
   expect_error([&] { batch_norm(x, {}, {}, {}, {}, true, 0.1, -1.0); }, {"batch_norm", "eps"});
+  expect_error([&] { batch_norm_relu(zeros({3}), {}, {}, {}, {}, true); },
+               {"batch_norm_relu", "[3]"});
+  expect_error([&] { batch_norm_relu(x, {}, {}); }, {"batch_norm_relu", "running_mean", "eval"});
+  expect_error([&] { batch_norm_relu(x, {}, {}, c2, {}, true); },
+               {"batch_norm_relu", "weight", "[2]"});
+  expect_error(
+      [&] {
+        batch_norm_relu(zeros({1, 3}), {}, {}, {}, {}, true);
+      },
+      {"batch_norm_relu", "more than 1 value per channel", "[1, 3]"});
 
   expect_error([&] { group_norm(zeros({4}), 2); }, {"group_norm", "[4]"});
   expect_error(
