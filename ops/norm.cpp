@@ -279,8 +279,13 @@ void batch_norm_forward(const T* x, const T* weight, const T* bias, T* y, T* mea
 // Backward of the forward above, g (N, C, S) contiguous; dx, dweight, dbias may be null. Per
 // channel, with M = N S, xhat = (x - mean) rstd and sums over the channel's N runs:
 //   dX = weight rstd (g - Σg / M - xhat Σ(g xhat) / M),  dW = Σ g xhat,  dB = Σ g
-// One pass for Σg and Σg (x - mean), one for dX. With Relu, g is the gradient of the forward's
-// relu, masked where x · alpha + beta (alpha, beta (C) the forward's) is <= 0 on the fly.
+// With Relu, g is the gradient of the forward's relu, masked where x · alpha + beta (alpha,
+// beta (C) the forward's) is <= 0 on the fly. Two passes in memory order, run after run (a run:
+// the S values of one sample and channel): the first takes each run's Σg and Σg (x - mean) (in
+// double, each run's alone), which are then added per channel in sample order; the second writes
+// dX. A channel at a time instead (its N runs C · S apart, for the sums then again for dX) ran at
+// a third of the memory's speed on the AMX Xeon with x and g out of cache, as a training step has
+// them: 5.7 ms for (128, 32, 28, 28).
 template <bool Relu = false, class T>
 void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean, const T* rstd,
                          const T* alpha, const T* beta, T* dx, T* dweight, T* dbias, Channels ch) {
@@ -288,39 +293,53 @@ void batch_norm_backward(const T* g, const T* x, const T* weight, const T* mean,
   if (S == 1)
     return batch_norm_backward_columns<Relu>(g, x, weight, mean, rstd, alpha, beta, dx, dweight,
                                              dbias, N, C);
-  const T inv_m = T(1) / static_cast<T>(N * S);
+  const int64_t R = N * C;
+  std::vector<double> run_g(static_cast<size_t>(R)), run_gx(static_cast<size_t>(R));
   parallel_for(
-      C,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          const T mu = mean[c], rs = rstd[c];
-          const T al = Relu ? alpha[c] : T(0), be = Relu ? beta[c] : T(0);
-          double sg = 0, sgx = 0;
-          for (int64_t n = 0; n < N; ++n) {
-            const T *gr = g + (n * C + c) * S, *xr = x + (n * C + c) * S;
-            run_sums<T>(
-                S, [gr, xr, al, be](int64_t i) { return masked_grad<Relu>(gr[i], xr[i], al, be); },
-                [gr, xr, mu, al, be](int64_t i) {
-                  return masked_grad<Relu>(gr[i], xr[i], al, be) * (xr[i] - mu);
-                },
-                sg, sgx);
-          }
-          if (dweight) dweight[c] = static_cast<T>(sgx * rs);
-          if (dbias) dbias[c] = static_cast<T>(sg);
-          if (!dx) continue;
-          const T k1 = static_cast<T>(sg) * inv_m, k2 = static_cast<T>(sgx) * rs * rs * inv_m;
-          const T f = weight ? rs * weight[c] : rs;
-          for (int64_t n = 0; n < N; ++n) {
-            const int64_t at = (n * C + c) * S;
-            const T *gr = g + at, *xr = x + at;
-            T* dxr = dx + at;
-#pragma omp simd
-            for (int64_t s = 0; s < S; ++s)
-              dxr[s] = (masked_grad<Relu>(gr[s], xr[s], al, be) - k1 - (xr[s] - mu) * k2) * f;
-          }
+      R,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t c = r % C;
+          const T mu = mean[c], al = Relu ? alpha[c] : T(0), be = Relu ? beta[c] : T(0);
+          const T *gr = g + r * S, *xr = x + r * S;
+          double a = 0, b = 0;
+          run_sums<T>(
+              S, [gr, xr, al, be](int64_t i) { return masked_grad<Relu>(gr[i], xr[i], al, be); },
+              [gr, xr, mu, al, be](int64_t i) {
+                return masked_grad<Relu>(gr[i], xr[i], al, be) * (xr[i] - mu);
+              },
+              a, b);
+          run_g[r] = a, run_gx[r] = b;
         }
       },
-      row_grain(2 * N * S, costly_grain()));
+      row_grain(2 * S, costly_grain()));
+  const T inv_m = T(1) / static_cast<T>(N * S);
+  std::vector<T> k1(C), k2(C), f(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double sg = 0, sgx = 0;
+    for (int64_t n = 0; n < N; ++n) sg += run_g[n * C + c], sgx += run_gx[n * C + c];
+    const T rs = rstd[c];
+    if (dweight) dweight[c] = static_cast<T>(sgx * rs);
+    if (dbias) dbias[c] = static_cast<T>(sg);
+    k1[c] = static_cast<T>(sg) * inv_m, k2[c] = static_cast<T>(sgx) * rs * rs * inv_m;
+    f[c] = weight ? rs * weight[c] : rs;
+  }
+  if (!dx) return;
+  parallel_for(
+      R,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t c = r % C;
+          const T mu = mean[c], al = Relu ? alpha[c] : T(0), be = Relu ? beta[c] : T(0);
+          const T ka = k1[c], kb = k2[c], fc = f[c];
+          const T *gr = g + r * S, *xr = x + r * S;
+          T* dxr = dx + r * S;
+#pragma omp simd
+          for (int64_t s = 0; s < S; ++s)
+            dxr[s] = (masked_grad<Relu>(gr[s], xr[s], al, be) - ka - (xr[s] - mu) * kb) * fc;
+        }
+      },
+      row_grain(3 * S));
 }
 
 // x, y (N, C, S) contiguous in G groups of D = C / G channels: row r = n G + j holds the

@@ -310,6 +310,35 @@ BOOST_AUTO_TEST_CASE(max_pool_nan_inf_and_padding_windows) {
   BOOST_TEST(g.item<double>() == 0.0);
 }
 
+// Float32 2x2 pooling of stride 2 (Note [2x2 pooling rows in AVX-512] in ops/pool.cpp) against
+// the general kernel (the same input with a non-unit column stride): rows of 7 to 33 windows (one
+// to three vector blocks, partly filled), odd sizes, ties and NaNs; the values and indices the
+// same to the bit, and the gradient each window's upstream value at its index, zeros elsewhere.
+BOOST_AUTO_TEST_CASE(max_pool_2x2_float32_rows) {
+  manual_seed(21);
+  for (const int64_t W : {14, 15, 28, 32, 34, 66}) {
+    for (const int64_t H : {4, 5}) {
+      Tensor x = clamp(randn({3, 5, H, W}) * 2, -1.0, 1.0);  // many ties at -1 and 1
+      x.view({-1}).narrow(0, 7, 1).fill_(std::nan(""));
+      x.view({-1}).narrow(0, 2 * W + 3, 1).fill_(std::nan(""));
+      const Tensor strided = x.transpose(2, 3).contiguous().transpose(2, 3);
+      const MaxPoolResult fast = max_pool2d_with_indices(x, {2});
+      const MaxPoolResult general = max_pool2d_with_indices(strided, {2});
+      const std::string what = fmt::format("H {} W {}", H, W);
+      expect_close(fast.values, general.values, 0, 0, what + " values");
+      BOOST_TEST((fast.indices.to_vector<int64_t>() == general.indices.to_vector<int64_t>()),
+                 what << " indices");
+      const Tensor leaf = x.clone().requires_grad_();
+      const Tensor up = randn(fast.values.shape());
+      max_pool2d(leaf, {2}).backward(up);
+      const int64_t P = 15, O = (H / 2) * (W / 2);
+      const Tensor expected =
+          scatter_add(zeros({P, H * W}), 1, fast.indices.reshape({P, O}), up.reshape({P, O}));
+      expect_close(leaf.grad(), expected.reshape(x.shape()), 0, 0, what + " gradient");
+    }
+  }
+}
+
 // An empty batch gives an empty result with a gradient of the input's shape.
 BOOST_AUTO_TEST_CASE(empty_batch) {
   const std::vector<std::function<Tensor(const Tensor&)>> ops = {
