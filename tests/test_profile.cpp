@@ -78,7 +78,9 @@ BOOST_AUTO_TEST_CASE(nested_scopes_split_total_and_self_time_sorted_by_total) {
   BOOST_TEST(e[1].total_ms >= 4.0);
   BOOST_TEST(e[1].self_ms == e[1].total_ms);
   BOOST_TEST(e[0].self_ms == e[0].total_ms - e[1].total_ms, boost::test_tools::tolerance(1e-6));
-  BOOST_TEST(e[0].self_ms < e[1].self_ms);
+  // outer's own spin, outside inner: at least its 2 ms, however long a loaded machine makes it
+  // (comparing it with inner's self time, as this test once did, failed under load)
+  BOOST_TEST(e[0].self_ms >= 2.0);
   const std::string table = profile::report();
   BOOST_TEST(table.find("outer") < table.find("inner"));
   BOOST_TEST(table.find("calls") != std::string::npos);
