@@ -724,11 +724,14 @@ Tensor batch_norm_train_in_ops(const Tensor& x, const Tensor& running_mean,
 
 namespace {
 
-// batch_norm, or with relu batch_norm_relu: the checks, then the fused kernels in training on
-// the CPU; otherwise ops (and the relu after them).
+// batch_norm, or with relu batch_norm_relu (the name its profile scope, errors and Node carry):
+// the checks, then the fused kernels in training on the CPU; otherwise ops (and the relu after
+// them).
 Tensor batch_norm_or_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                           const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                          double eps, bool relu, std::string_view op) {
+                          double eps, bool relu) {
+  const std::string_view op = relu ? "batch_norm_relu" : "batch_norm";
+  profile::Scope scope(op);
   check_norm_input(x, op);
   check_per_channel(x, running_mean, "running_mean", op);
   check_per_channel(x, running_var, "running_var", op);
@@ -787,19 +790,15 @@ Tensor batch_norm_or_relu(const Tensor& x, const Tensor& running_mean, const Ten
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
-  constexpr std::string_view op = "batch_norm";
-  profile::Scope scope(op);
   return batch_norm_or_relu(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                            false, op);
+                            false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum,
                        double eps) {
-  constexpr std::string_view op = "batch_norm_relu";
-  profile::Scope scope(op);
   return batch_norm_or_relu(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                            true, op);
+                            true);
 }
 
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
