@@ -187,6 +187,20 @@ bool is_channels_last(const memory::desc& user, const memory::desc& inner) {
          (bf16_vectors && inner == memory::desc(dims, bf16, tag::acdb));
 }
 
+// out[i] = v, as float or as bfloat16 bits (Bf16). A function of its own, not a lambda in the
+// caller: GCC does not give a lambda its enclosing function's target attribute, so on a CPU
+// without AVX512-BF16 under -march=native the lambda could not inline _mm_cvtneps_pbh.
+template <bool Bf16>
+EMBER_TILES inline void put_element(void* out, int64_t i, float v) {
+  if constexpr (Bf16) {
+    const __m128bh h = _mm_cvtneps_pbh(_mm_set_ss(v));
+    static_cast<uint16_t*>(out)[i] =
+        static_cast<uint16_t>(_mm_extract_epi16(reinterpret_cast<__m128i>(h), 0));
+  } else {
+    static_cast<float*>(out)[i] = v;
+  }
+}
+
 // One image: dst (P, C) = src (C, P), dst as float or as bfloat16 bits (Bf16).
 template <bool Bf16>
 EMBER_TILES void image_to_channels_last(const float* src, void* out, int64_t C, int64_t P) {
@@ -194,15 +208,6 @@ EMBER_TILES void image_to_channels_last(const float* src, void* out, int64_t C, 
   const __m512i column =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(16));
-  const auto put = [&](int64_t p, int64_t c, float v) {
-    if constexpr (Bf16) {
-      const __m128bh h = _mm_cvtneps_pbh(_mm_set_ss(v));
-      static_cast<uint16_t*>(out)[p * C + c] =
-          static_cast<uint16_t>(_mm_extract_epi16(reinterpret_cast<__m128i>(h), 0));
-    } else {
-      static_cast<float*>(out)[p * C + c] = v;
-    }
-  };
   const int64_t C16 = C / 16 * 16, P16 = P / 16 * 16;
   for (int64_t c0 = 0; c0 < C16; c0 += 16)
     for (int64_t p0 = 0; p0 < P16; p0 += 16) {
@@ -221,7 +226,8 @@ EMBER_TILES void image_to_channels_last(const float* src, void* out, int64_t C, 
       }
     }
   for (int64_t c = 0; c < C; ++c)  // the edges: channels past C16, positions past P16
-    for (int64_t p = c < C16 ? P16 : 0; p < P; ++p) put(p, c, src[c * P + p]);
+    for (int64_t p = c < C16 ? P16 : 0; p < P; ++p)
+      put_element<Bf16>(out, p * C + c, src[c * P + p]);
 }
 
 // One image: dst (C, P) = src (P, C), Float32.
