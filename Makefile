@@ -9,11 +9,12 @@ JOBS       ?= 2
 # dataset-fashion-mnist: the gzipped IDX files examples/fashion_mnist trains on, read with zlib;
 # libdnnl-dev: oneDNN, Float32 convolutions and products on the CPU (its CMake config also needs
 # ocl-icd-opencl-dev, which libdnnl-dev does not pull in);
-# libblis4-serial: BLIS, the products' library on AVX2 CPUs (ops/blas.cpp opens it at run time).
+# libblis-serial-dev: BLIS, the products' library on AVX2 CPUs (ops/blis.cpp opens it at run time,
+# its header types the calls).
 PACKAGES   := g++ cmake make libopenblas-openmp-dev libfmt-dev libboost-test-dev \
               libcli11-dev nlohmann-json3-dev pocketsphinx-en-us fortunes openmpi-bin \
               libopenmpi-dev dataset-fashion-mnist zlib1g-dev libdnnl-dev ocl-icd-opencl-dev \
-              libblis4-serial
+              libblis-serial-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # doxygen: the API reference from the public headers (make docs).
 PACKAGES   += doxygen

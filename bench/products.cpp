@@ -33,7 +33,8 @@ struct ProductShape {
 // two the same). Where a product comes from:
 //   A: the copy task of step A (800 source tokens, d_model 512, d_ff 2048): the projections
 //      X·Wᵀ (NT), ff1's input gradient dY·W (NN) and the weight gradients dYᵀ·X (TN);
-//   B: step B (d_model 64, d_ff 256, 800 tokens), the same products;
+//   B: step B (d_model 64, d_ff 256, 800 tokens), the same products, and ff2's input gradient,
+//      a sum over d_model = 64 (NN);
 //   C: step C (1024 tokens, d_model 512, d_ff 2048, a vocabulary of 1000): the generator too;
 //   lstm: nn::LSTM of the rnn/ rows (batch 64, hidden 256, input 256, 32 steps): the hidden
 //      product h·W_hhᵀ per step, its gradients, and the input product of all 32 steps at once;
@@ -42,7 +43,7 @@ struct ProductShape {
 //      the four largest distinct layers of bench/conv_shapes.h by flops (checked below; three
 //      layers tie for the fourth place, the first of them in the list is taken);
 //   small: where fixed costs (dispatch, packing, threads) show.
-constexpr std::array<ProductShape, 25> kProductShapes{{
+constexpr std::array<ProductShape, 26> kProductShapes{{
     {"A", "qkv", 800, 512, 512, "NT"},
     {"A", "ff1", 800, 2048, 512, "NT"},
     {"A", "ff2", 800, 512, 2048, "NT"},
@@ -53,6 +54,7 @@ constexpr std::array<ProductShape, 25> kProductShapes{{
     {"B", "ff1", 800, 256, 64, "NT"},
     {"B", "ff1.dX", 800, 64, 256, "NN"},
     {"B", "ff1.dW", 256, 64, 800, "TN"},
+    {"B", "ff2.dX", 800, 256, 64, "NN"},
     {"C", "generator", 1024, 1000, 512, "NT"},
     {"C", "ff1", 1024, 2048, 512, "NT"},
     {"C", "ff1.dW", 2048, 512, 1024, "TN"},
@@ -78,9 +80,9 @@ constexpr bool is_im2col_product(const ProductShape& p, int layer) {
   return p.m == c.c_out && p.n == kConvBatch * out * out && p.k == c.c_in * c.kernel * c.kernel &&
          std::string_view(p.trans) == "NN";
 }
-static_assert(is_im2col_product(kProductShapes[17], 1) &&
-              is_im2col_product(kProductShapes[18], 3) &&
-              is_im2col_product(kProductShapes[19], 2) && is_im2col_product(kProductShapes[20], 5));
+static_assert(is_im2col_product(kProductShapes[18], 1) &&
+              is_im2col_product(kProductShapes[19], 3) &&
+              is_im2col_product(kProductShapes[20], 2) && is_im2col_product(kProductShapes[21], 5));
 
 // (rows, cols) of op(x), as a contiguous tensor or the transposed view of one.
 Tensor operand(int64_t rows, int64_t cols, bool transposed) {

@@ -1,7 +1,7 @@
 // The product layer (ops/blas.h): which library runs a matrix product on this CPU, and the call
 // into it. OpenBLAS is linked; oneDNN is linked where the build found it (EMBER_HAVE_DNNL, as for
-// convolutions); BLIS is opened at run time from the path the build found (EMBER_BLIS_LIBRARY),
-// because it exports the same cblas_* symbols as OpenBLAS and the two cannot both be linked.
+// convolutions); BLIS is opened at run time (ops/blis.cpp), because it exports the same cblas_*
+// symbols as OpenBLAS and the two cannot both be linked.
 #include "ops/blas.h"
 
 #include <atomic>
@@ -14,7 +14,6 @@
 #include <utility>
 
 #include <cblas.h>
-#include <dlfcn.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -25,6 +24,7 @@
 
 #include "graph/error.h"
 #include "graph/profile.h"
+#include "ops/blis.h"
 #include "ops/gemm_amx.h"
 #include "ops/gemm_bf16.h"
 #include "ops/linalg.h"
@@ -37,7 +37,9 @@
 //    table at 96-112 GFLOP/s, where OpenBLAS 0.3.21 (its Cooperlake kernels) gave 83-104 and
 //    BLIS 0.9, which maps Zen 4 to its AVX2 zen3 kernels, 65-112.
 //  - with AVX2 alone (Zen 1-3, Intel Haswell to Comet Lake): BLIS, whose zen/haswell kernels
-//    ran 90-93 GFLOP/s on Zen 3 where OpenBLAS's gave 56-73 (issue 48's measurement).
+//    ran 90-93 GFLOP/s on Zen 3 where OpenBLAS's gave 56-73 (issue 48's measurement), with its
+//    small-product path off for transposed operands (Note [BLIS's small-product path] in
+//    ops/blis.cpp).
 //  - below 2^19 multiply-adds (m·n·k) a product chosen for oneDNN runs on OpenBLAS: oneDNN's
 //    fixed cost per call (~0.3 us) loses there. On Zen 4 at one thread, 16^3: OpenBLAS 86
 //    GFLOP/s, oneDNN 22; 64^3: 115 against 95; 80x64x64: 80 against 79; from 64x256x64 (2^20)
@@ -60,44 +62,6 @@ namespace detail {
 namespace {
 
 constexpr const char* kNames[] = {"openblas", "blis", "dnnl"};
-
-// BLIS's typed API (blis.h, not included: it declares the cblas_* functions OpenBLAS's cblas.h
-// declares too). dim_t and inc_t are 64-bit integers, trans_t an enum: 0 or BLIS_TRANS_BIT (8).
-template <class T>
-using BliGemm = void (*)(int transa, int transb, int64_t m, int64_t n, int64_t k, const T* alpha,
-                         const T* a, int64_t rsa, int64_t csa, const T* b, int64_t rsb, int64_t csb,
-                         const T* beta, T* c, int64_t rsc, int64_t csc);
-constexpr int kBliNoTrans = 0, kBliTrans = 8;
-
-struct Blis {
-  BliGemm<float> sgemm = nullptr;
-  BliGemm<double> dgemm = nullptr;
-  std::string version, arch;  // arch: BLIS's name for the kernels it picked for this CPU
-  bool usable() const { return sgemm != nullptr && dgemm != nullptr && arch != "generic"; }
-};
-
-// The statics below are never destroyed: the profiler's report, printed by a static destructor
-// at exit, names the library through them.
-const Blis& blis() {
-  static const Blis& lib = *new Blis([] {
-    Blis b;
-#ifdef EMBER_BLIS_LIBRARY
-    // RTLD_LOCAL: its cblas_* symbols stay out of the process's namespace (OpenBLAS's win).
-    void* h = dlopen(EMBER_BLIS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) return b;
-    const auto arch_id = reinterpret_cast<int (*)()>(dlsym(h, "bli_arch_query_id"));
-    const auto arch_name = reinterpret_cast<const char* (*)(int)>(dlsym(h, "bli_arch_string"));
-    const auto version = reinterpret_cast<const char* (*)()>(dlsym(h, "bli_info_get_version_str"));
-    if (arch_id == nullptr || arch_name == nullptr || version == nullptr) return b;
-    b.sgemm = reinterpret_cast<BliGemm<float>>(dlsym(h, "bli_sgemm"));
-    b.dgemm = reinterpret_cast<BliGemm<double>>(dlsym(h, "bli_dgemm"));
-    b.arch = arch_name(arch_id());
-    b.version = version();
-#endif
-    return b;
-  }());
-  return lib;
-}
 
 // Below this many multiply-adds oneDNN's choice runs on OpenBLAS (Note [Choosing the product
 // library]).
@@ -176,13 +140,8 @@ std::optional<BlasLibrary> parse(const std::string& name) {
 std::string why_unavailable(BlasLibrary lib) {
   if (lib == BlasLibrary::DNNL) return "this build has no oneDNN (libdnnl-dev, EMBER_DNNL=ON)";
   const Blis& b = blis();
-  if (b.sgemm == nullptr) {
-#ifdef EMBER_BLIS_LIBRARY
-    return fmt::format("BLIS could not be opened from {}", EMBER_BLIS_LIBRARY);
-#else
-    return "this build found no BLIS (libblis-serial-dev)";
-#endif
-  }
+  if (b.path.empty()) return "this build found no BLIS (libblis-serial-dev)";
+  if (!b.opened) return fmt::format("BLIS could not be opened from {}", b.path);
   return fmt::format("BLIS {} has no kernels for this CPU (it would run its \"{}\" C kernels)",
                      b.version, b.arch);
 }
@@ -234,19 +193,6 @@ void openblas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
   else
     cblas_dgemm(CblasRowMajor, ta_, tb_, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
                 i(ldc));
-}
-
-template <class T>
-void blis_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  // BLIS takes each matrix as stored (row stride ld, column stride 1) and the transpose apart.
-  BliGemm<T> f;
-  if constexpr (std::is_same_v<T, float>)
-    f = blis().sgemm;
-  else
-    f = blis().dgemm;
-  f(ta ? kBliTrans : kBliNoTrans, tb ? kBliTrans : kBliNoTrans, m, n, k, &alpha, a, lda, 1, b, ldb,
-    1, &beta, c, ldc, 1);
 }
 
 }  // namespace
