@@ -122,8 +122,9 @@ BOOST_AUTO_TEST_CASE(errors_name_the_library) {
 BOOST_AUTO_TEST_CASE(every_library_matches_the_reference) {
   manual_seed(48);
   // sizes off every kernel's register tile and past the narrow/small-product paths, on both
-  // sides of oneDNN's smallest product (2^19 multiply-adds; smaller ones run on OpenBLAS) and of
-  // BLIS's shortest sum with a transposed operand (256; shorter ones run on oneDNN or OpenBLAS)
+  // sides of oneDNN's smallest product (2^19 multiply-adds; smaller ones run on OpenBLAS); all
+  // below BLIS's small-product thresholds, so both of its paths run (the transposed products with
+  // that path off, Note [BLIS's small-product path] in ops/blis.cpp)
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> sizes = {
       {17, 33, 65}, {64, 96, 128}, {129, 7, 70}, {3, 250, 41}, {257, 130, 33}, {40, 300, 70}};
   for (const std::string& lib : available_libraries()) {
