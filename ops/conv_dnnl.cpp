@@ -128,6 +128,7 @@ void set_conv_winograd(bool on) { g_winograd.store(on ? 1 : 0, std::memory_order
 #ifndef EMBER_HAVE_DNNL
 
 int64_t onednn_cached_primitives() { return 0; }
+std::string onednn_weight_kernel(const ConvDesc&) { return ""; }
 bool onednn_uses_winograd(const ConvDesc&) { return false; }
 
 bool onednn_conv_forward(const ConvDesc&, const float*, const float*, const float*, float*) {
@@ -280,6 +281,7 @@ struct Entry {
   dnnl::primitive prim;
   std::vector<Operand> operands;
   size_t scratchpad = 0;  // bytes: the largest of the primitive's and the reorders'
+  std::string impl;       // oneDNN's name of its kernel, as ONEDNN_VERBOSE prints it ("jit:avx2")
 };
 
 dnnl::primitive_attr user_scratchpad() {
@@ -347,6 +349,7 @@ Entry make_entry(Direction dir, const ConvDesc& d, bool winograd) {
     case Direction::Forward: {
       const dnnl::convolution_forward::primitive_desc fwd = forward(any_dst_f32);
       e.prim = dnnl::convolution_forward(fwd);
+      e.impl = fwd.impl_info_str();
       e.scratchpad = fwd.scratchpad_desc().get_size();
       e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, fwd.src_desc(), e.scratchpad));
       e.operands.push_back(
@@ -360,6 +363,7 @@ Entry make_entry(Direction dir, const ConvDesc& d, bool winograd) {
       const dnnl::convolution_backward_data::primitive_desc pd(
           {algo, any_src_f32, any_w, any_dst, strides, dilates, pad_l, pad_r}, attr, eng, hint());
       e.prim = dnnl::convolution_backward_data(pd);
+      e.impl = pd.impl_info_str();
       e.scratchpad = pd.scratchpad_desc().get_size();
       e.operands.push_back(
           operand(DNNL_ARG_DIFF_DST, true, user_dst, pd.diff_dst_desc(), e.scratchpad));
@@ -374,6 +378,7 @@ Entry make_entry(Direction dir, const ConvDesc& d, bool winograd) {
           {algo, any_src, any_w_f32, bias_md, any_dst, strides, dilates, pad_l, pad_r}, attr, eng,
           hint());
       e.prim = dnnl::convolution_backward_weights(pd);
+      e.impl = pd.impl_info_str();
       e.scratchpad = pd.scratchpad_desc().get_size();
       e.operands.push_back(operand(DNNL_ARG_SRC, true, user_src, pd.src_desc(), e.scratchpad));
       e.operands.push_back(
@@ -446,10 +451,13 @@ constexpr size_t kAlign = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Whether oneDNN has the primitive for (dir, d, winograd) at `threads` threads (making it now if
-// not yet).
-bool available(Direction dir, const ConvDesc& d, int threads, bool winograd) {
+// not yet), and, where `impl` is given, its kernel's name.
+bool available(Direction dir, const ConvDesc& d, int threads, bool winograd,
+               std::string* impl = nullptr) {
   OmpThreads omp(threads);
-  return entry_for(dir, d, threads, winograd) != nullptr;
+  const std::shared_ptr<const Entry> e = entry_for(dir, d, threads, winograd);
+  if (e && impl) *impl = e->impl;
+  return e != nullptr;
 }
 
 // Runs direction `dir` of d on the operands' buffers, in the order of the Entry's operands, on
@@ -626,17 +634,40 @@ bool onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* 
 // element, on one thread whatever the count: their bits do not depend on it.
 constexpr int64_t kWeightPieces = 4;
 
+// Note [Single-channel weight gradients]
+// oneDNN 2.6's AVX2 backward-weights kernel (jit:avx2, what a CPU without AVX-512 gets) is slow
+// where each group reads one input channel: on Zen 3 at one thread (bench/conv_dnnl, batch 128)
+// the CNN's first layer (1->32, 3x3, 28x28) took 23.9 ms in Note [Weight gradients in pieces]'s
+// pieces and 17.0 ms whole, where im2col + one product took 6.3 (the forward 3.4); the ResNet's
+// stem (1->16) 6.6 against 2.9. Its AVX-512 kernel has no such gap (Zen 4: 0.62 ms against
+// im2col's 5.5). So a weight gradient of one input channel per group whose kernel is jit:avx2
+// is not run here: onednn_conv_backward_weights returns false and ops/conv.cpp computes it by
+// im2col. Depthwise convolutions get another kernel (jit_dw) and stay.
+namespace {
+bool slow_weight_kernel(const ConvDesc& d, const std::string& impl) {
+  return d.C / d.G == 1 && impl == "jit:avx2";
+}
+}  // namespace
+
+std::string onednn_weight_kernel(const ConvDesc& d) {
+  std::string impl;
+  return available(Direction::BackwardWeights, d, 1, false, &impl) ? impl : "";
+}
+
 bool onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
                                   float* db) {
   const int64_t pieces = std::min(d.N, kWeightPieces);
   // the pieces' primitives (at most two batch sizes) made here, so that a missing Winograd one
-  // sends the call to the direct kernels, and a missing bf16 one the whole call back, before
-  // anything runs
+  // sends the call to the direct kernels, and a missing bf16 one (or a slow one, Note
+  // [Single-channel weight gradients]) the whole call back, before anything runs
   const auto all_available = [&](bool winograd) {
     for (int64_t p = 0; p < pieces; ++p) {
       ConvDesc piece = d;
       piece.N = d.N * (p + 1) / pieces - d.N * p / pieces;
-      if (!available(Direction::BackwardWeights, piece, 1, winograd)) return false;
+      std::string impl;
+      if (!available(Direction::BackwardWeights, piece, 1, winograd, &impl) ||
+          slow_weight_kernel(piece, impl))
+        return false;
     }
     return true;
   };

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace ember::detail {
 
@@ -43,6 +44,10 @@ bool conv_uses_winograd();
 void set_conv_winograd(bool on);
 // Whether the forward of d runs Winograd's kernels now (making its primitive if not yet).
 bool onednn_uses_winograd(const ConvDesc& d);
+// oneDNN's name for the kernel of d's backward-weights (its direct one, on one thread, as Note
+// [Weight gradients in pieces] runs it: "jit:avx2", "jit:avx512_core", ...), made now if not yet;
+// "" where oneDNN has none.
+std::string onednn_weight_kernel(const ConvDesc& d);
 // The primitives made so far and kept (one per convolution, direction, data type and thread
 // count).
 int64_t onednn_cached_primitives();
@@ -57,7 +62,8 @@ bool onednn_conv_forward(const ConvDesc& d, const float* x, const float* w, cons
 // dx (N, C, in…) = the input gradient of the convolution for dy (N, O, out…).
 bool onednn_conv_backward_data(const ConvDesc& d, const float* dy, const float* w, float* dx);
 // dw (O, C/G, kernel…) = the weight gradient for x and dy; db (O) = Σ dy over (N, out…) where
-// d.bias.
+// d.bias. Also false where oneDNN's kernel for d is one measured slower than im2col (Note
+// [Single-channel weight gradients] in ops/conv_dnnl.cpp).
 bool onednn_conv_backward_weights(const ConvDesc& d, const float* x, const float* dy, float* dw,
                                   float* db);
 

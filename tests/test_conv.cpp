@@ -606,6 +606,49 @@ BOOST_AUTO_TEST_CASE(onednn_winograd) {
                  t_names[i]);
 }
 
+// Note [Single-channel weight gradients]: where oneDNN's backward-weights kernel is its AVX2 one,
+// a weight gradient of one input channel per group is left to im2col (the call returns false,
+// and conv2d's gradient is im2col's bit for bit); with more channels, or another kernel, oneDNN
+// runs it.
+BOOST_AUTO_TEST_CASE(onednn_single_channel_weight_gradient) {
+  if (!ember::detail::onednn_built()) {
+    BOOST_TEST_MESSAGE("skipped: Ember was built without oneDNN");
+    return;
+  }
+  ConvPath on(true);
+  ember::detail::ConvDesc one, many;
+  one.N = 6, one.C = 1, one.O = 8, one.in = one.out = {12, 12}, one.kernel = {3, 3},
+  one.pad_l = one.pad_r = {1, 1};
+  one.bias = true;
+  many = one;
+  many.C = 4;
+  const std::string kernel = ember::detail::onednn_weight_kernel(one);
+  BOOST_TEST_MESSAGE("oneDNN's backward-weights kernel here: " << kernel);
+  BOOST_TEST(!kernel.empty());
+  manual_seed(5);
+  const Tensor x1 = randn({6, 1, 12, 12}), x4 = randn({6, 4, 12, 12}), dy = randn({6, 8, 12, 12});
+  Tensor dw = empty({8, 4, 3, 3}), db = empty({8});
+  const bool ran_one = ember::detail::onednn_conv_backward_weights(
+      one, x1.data<float>(), dy.data<float>(), dw.data<float>(), db.data<float>());
+  BOOST_TEST(ran_one == (kernel != "jit:avx2"));
+  if (ember::detail::onednn_weight_kernel(many) == "jit:avx2")
+    BOOST_TEST(ember::detail::onednn_conv_backward_weights(many, x4.data<float>(), dy.data<float>(),
+                                                           dw.data<float>(), db.data<float>()));
+  // conv2d's weight and bias gradients: im2col's where oneDNN declined
+  const Tensor w = randn({8, 1, 3, 3}).requires_grad_(), b = randn({8}).requires_grad_();
+  const auto grads = [&] { return autograd::grad({conv2d(x1, w, b, {1}, 1)}, {w, b}, {dy}); };
+  const std::vector<Tensor> dnnl = grads();
+  std::vector<Tensor> im2col;
+  {
+    ConvPath path(false);
+    im2col = grads();
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    if (!ran_one) expect_close(dnnl[i], im2col[i], 0, 0, "declined: im2col's bits");
+    expect_close(dnnl[i], im2col[i], 1e-5, 1e-5, "oneDNN or im2col");
+  }
+}
+
 // The layers: torch's parameter names, shapes and initialisation bound, options passed through,
 // padding_mode as pad() then an unpadded convolution, Flatten in a Sequential.
 BOOST_AUTO_TEST_CASE(conv_modules) {
