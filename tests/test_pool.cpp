@@ -310,10 +310,11 @@ BOOST_AUTO_TEST_CASE(max_pool_nan_inf_and_padding_windows) {
   BOOST_TEST(g.item<double>() == 0.0);
 }
 
-// Float32 2x2 pooling of stride 2 (Note [2x2 pooling rows in AVX-512] in ops/pool.cpp) against
-// the general kernel (the same input with a non-unit column stride): rows of 7 to 33 windows (one
-// to three vector blocks, partly filled), odd sizes, ties and NaNs; the values and indices the
-// same to the bit, and the gradient each window's upstream value at its index, zeros elsewhere.
+// Float32 2x2 pooling of stride 2 (Notes [2x2 pooling rows in AVX-512] and [2x2 pooling rows in
+// AVX2] in ops/pool.cpp) against the general kernel (the same input with a non-unit column
+// stride): rows of 7 to 33 windows (one to five vector blocks, partly filled), odd sizes, ties and
+// NaNs; the values and indices the same to the bit, and the gradient each window's upstream value
+// at its index, zeros elsewhere.
 BOOST_AUTO_TEST_CASE(max_pool_2x2_float32_rows) {
   manual_seed(21);
   for (const int64_t W : {14, 15, 28, 32, 34, 66}) {
