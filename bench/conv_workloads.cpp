@@ -3,11 +3,17 @@
 // the input, the weight and the bias where the layer has one), against the twins in
 // bench/pytorch/bench_torch.py (NCHW and channels_last) and oneDNN in bench/conv_dnnl.cpp.
 // flops: the forward's 2·N·C_out·OH·OW·C_in·k², times 3 with the two backward products.
+// And the fashion/ rows: one training step of each whole model (examples/fashion_mnist_models.h)
+// at batch 128, forward, cross-entropy, backward and Adam's update, on random images and labels:
+// the step whose images/s the example reports, timed in one process, median over many steps.
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "bench/conv_shapes.h"
 #include "bench/harness.h"
 #include "ember.h"
+#include "examples/fashion_mnist_models.h"
 
 namespace ember::bench {
 
@@ -39,6 +45,21 @@ void add_conv_workloads() {
                             });
                           }});
   }
+  for (const char* model : {"cnn", "resnet"})
+    registry().push_back(
+        {fmt::format("fashion/{} train step b{}", model, kConvBatch), 0, [model](bool tiny) {
+           const int64_t n = tiny ? 2 : kConvBatch;
+           const auto net =
+               std::make_shared<fashion_mnist::Classifier>(fashion_mnist::make_model(model));
+           const auto adam = std::make_shared<optim::Adam>(net->module->parameters());
+           const Tensor x = (rand({n, 1, 28, 28}) - 0.2860) / 0.3530;
+           const Tensor y = randint(0, fashion_mnist::kClasses, {n});
+           return std::function<void()>([net, adam, x, y] {
+             adam->zero_grad();
+             cross_entropy(net->forward(x), y).backward();
+             adam->step();
+           });
+         }});
 }
 
 }  // namespace ember::bench

@@ -346,6 +346,35 @@ for _c in CONV_SHAPES:
     conv_layer(*_c)
 
 
+# --- One training step of each model of examples/fashion_mnist (the twin's own definitions in
+# bench/pytorch/fashion_mnist.py) at batch 128: forward, cross-entropy, backward and Adam's update
+# on random images and labels, as ember_bench's fashion/ rows; NCHW and channels_last.
+
+def fashion_step(model):
+    import fashion_mnist  # bench/pytorch/fashion_mnist.py, beside this file
+
+    for suffix, channels_last in (("", False), (" channels_last", True)):
+        @workload(f"fashion/{model} train step b{CONV_BATCH}{suffix}")
+        def _(tiny, channels_last=channels_last):
+            n = 2 if tiny else CONV_BATCH
+            net = fashion_mnist.cnn() if model == "cnn" else fashion_mnist.ResNet()
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            net = net.to(memory_format=fmt).train()
+            adam = torch.optim.Adam(net.parameters())
+            x = ((torch.rand(n, 1, 28, 28) - 0.2860) / 0.3530).contiguous(memory_format=fmt)
+            y = torch.randint(0, 10, (n,))
+
+            def step():
+                adam.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(net(x), y).backward()
+                adam.step()
+            return step
+
+
+fashion_step("cnn")
+fashion_step("resnet")
+
+
 # --- One LSTM and one GRU layer over a whole sequence (input 256, hidden 256, batch 64, 32 steps),
 # as ember_bench's rnn/ rows: the forward alone and forward + backward through time.
 
